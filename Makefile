@@ -1,0 +1,28 @@
+# Set-up + run. `make train` / `make test` work from a clean clone: they create .venv if no
+# virtualenv is active, install torch 2.13.0 only when no torch is importable (a user's CUDA
+# torch is never replaced: the venv sees system site-packages), then install structtorch.
+ifdef VIRTUAL_ENV
+VENV := $(VIRTUAL_ENV)
+else
+VENV := .venv
+endif
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.structtorch-installed
+
+.PHONY: setup train test lint bench
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv --system-site-packages $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+train: setup
+	$(PY) -m structtorch.train $(ARGS)
+
+test: setup
+	$(PY) -m pytest -x -q $(ARGS)
+
+lint: setup
+	$(PY) -m ruff check structtorch tests scripts experiments

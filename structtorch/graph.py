@@ -1,0 +1,341 @@
+"""Undirected pairwise graphs over labels, and the contraction schedules of trees.
+
+A ``Graph`` holds ``num_nodes`` and an edge index ``edges`` of shape ``[E, 2]`` (one graph)
+or ``[T, E, 2]`` (an ensemble of ``T`` graphs over the same nodes, e.g. random spanning
+trees). Edges are undirected, ``i != j``, without duplicates.
+
+Tree ops run on a *contraction schedule* (rake leaves into parents, compress unary chains)
+computed once per graph and cached per device: its depth is O(log n) on any tree,
+paths included, so inference costs O(log n) batched tensor operations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["Graph", "Schedule", "Step"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One batched contraction step over the node slots of a forest.
+
+    ``kind == "rake"``: leaves ``node`` fold into their current ``parent``.
+    ``kind == "compress"``: ``node`` (exactly one live child ``child``) is spliced out;
+    ``child``'s edge to ``node`` and ``node``'s edge to ``parent`` become one edge.
+    All index tensors are LongTensor ``[S]``.
+    """
+
+    kind: str
+    node: torch.Tensor
+    parent: torch.Tensor
+    child: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Contraction schedule of a forest with ``N`` node slots (all graphs of an ensemble).
+
+    parent: LongTensor [N]; the parent slot of v in the rooted forest (-1 for roots).
+    parent_edge: LongTensor [N]; edge slot joining v to its parent (-1 for roots).
+    flip: BoolTensor [N]; True when the edge is stored as (v, parent) rather than (parent, v).
+    roots: LongTensor [R]; root_group: LongTensor [R], the graph (ensemble member) of each root.
+    steps: the rake / compress steps, in order.
+    """
+
+    num_slots: int
+    num_groups: int
+    parent: torch.Tensor
+    parent_edge: torch.Tensor
+    flip: torch.Tensor
+    roots: torch.Tensor
+    root_group: torch.Tensor
+    steps: tuple[Step, ...]
+
+    def to(self, device: torch.device) -> Schedule:
+        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        steps = tuple(Step(s.kind, mv(s.node), mv(s.parent), mv(s.child)) for s in self.steps)
+        return Schedule(
+            self.num_slots,
+            self.num_groups,
+            mv(self.parent),
+            mv(self.parent_edge),
+            mv(self.flip),
+            mv(self.roots),
+            mv(self.root_group),
+            steps,
+        )
+
+
+class Graph:
+    """An undirected graph (edges [E, 2]) or an ensemble of graphs (edges [T, E, 2]) on n nodes."""
+
+    def __init__(self, num_nodes: int, edges: torch.Tensor | np.ndarray | list) -> None:
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, np.integer)):
+            raise TypeError(f"num_nodes must be an int, got {type(num_nodes).__name__}")
+        if num_nodes < 1:
+            raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
+        if not isinstance(edges, torch.Tensor):
+            edges = torch.as_tensor(np.asarray(edges, dtype=np.int64).reshape(-1, 2) if len(edges) == 0
+                                    else edges)
+        if edges.dtype.is_floating_point or edges.dtype == torch.bool or edges.is_complex():
+            raise TypeError(f"edges must be an integer tensor of shape [E, 2] or [T, E, 2], got {edges.dtype}")
+        if edges.dim() not in (2, 3) or edges.shape[-1] != 2:
+            raise ValueError(f"edges must have shape [E, 2] or [T, E, 2], got {tuple(edges.shape)}")
+        edges = edges.detach().to(torch.long).cpu().contiguous()
+        n = int(num_nodes)
+        if edges.numel() and (edges.min() < 0 or edges.max() >= n):
+            raise ValueError(f"edges index out of range: every endpoint must lie in [0, {n}), "
+                             f"got min {int(edges.min())}, max {int(edges.max())}")
+        if (edges[..., 0] == edges[..., 1]).any():
+            raise ValueError("edges contain a self-loop (i == j); edges must join distinct nodes")
+        lo, hi = edges.min(-1).values, edges.max(-1).values
+        key = lo * n + hi
+        if key.shape[-1] and (key.sort(-1).values.diff(dim=-1) == 0).any():
+            raise ValueError("edges contain a duplicate undirected edge")
+        self.num_nodes = n
+        self.edges = edges
+        self._cache: dict = {}
+
+    # ------------------------------------------------------------------ basic properties
+    @property
+    def num_edges(self) -> int:
+        return int(self.edges.shape[-2])
+
+    @property
+    def is_ensemble(self) -> bool:
+        """True when edges is [T, E, 2]: T graphs on the same nodes."""
+        return self.edges.dim() == 3
+
+    @property
+    def num_graphs(self) -> int:
+        """T for an ensemble, 1 otherwise."""
+        return int(self.edges.shape[0]) if self.is_ensemble else 1
+
+    def _edge_lists(self) -> list[np.ndarray]:
+        e = self.edges.numpy()
+        return list(e) if self.is_ensemble else [e]
+
+    def _components(self) -> list[np.ndarray]:
+        """Connected-component label per node, for each graph of the ensemble."""
+        if "components" not in self._cache:
+            self._cache["components"] = [_components(self.num_nodes, e) for e in self._edge_lists()]
+        return self._cache["components"]
+
+    @property
+    def num_components(self) -> int | list[int]:
+        counts = [int(c.max()) + 1 for c in self._components()]
+        return counts if self.is_ensemble else counts[0]
+
+    @property
+    def is_forest(self) -> bool:
+        """No cycle (in every graph of an ensemble): |E| + c = n."""
+        return all(len(e) + int(c.max()) + 1 == self.num_nodes
+                   for e, c in zip(self._edge_lists(), self._components()))
+
+    @property
+    def is_tree(self) -> bool:
+        """Connected and acyclic (every graph of an ensemble)."""
+        return self.is_forest and all(int(c.max()) == 0 for c in self._components())
+
+    def __repr__(self) -> str:
+        shape = "x".join(map(str, self.edges.shape[:-1]))
+        return f"Graph(num_nodes={self.num_nodes}, edges=[{shape}, 2])"
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Graph) and other.num_nodes == self.num_nodes
+                and other.edges.shape == self.edges.shape and bool((other.edges == self.edges).all()))
+
+    __hash__ = object.__hash__
+
+    # ------------------------------------------------------------------ constructors
+    @staticmethod
+    def complete(n: int) -> Graph:
+        """All n(n-1)/2 pairs (i < j), in lexicographic order."""
+        i, j = torch.triu_indices(n, n, offset=1)
+        return Graph(n, torch.stack([i, j], 1))
+
+    @staticmethod
+    def chain(n: int) -> Graph:
+        """Path 0 - 1 - ... - (n-1)."""
+        i = torch.arange(n - 1)
+        return Graph(n, torch.stack([i, i + 1], 1))
+
+    @staticmethod
+    def star(n: int) -> Graph:
+        """Node 0 joined to every other node."""
+        j = torch.arange(1, n)
+        return Graph(n, torch.stack([torch.zeros_like(j), j], 1))
+
+    @staticmethod
+    def grid(h: int, w: int) -> Graph:
+        """4-connected h x w grid, node index r * w + c; horizontal edges first, then vertical."""
+        idx = torch.arange(h * w).reshape(h, w)
+        horiz = torch.stack([idx[:, :-1].reshape(-1), idx[:, 1:].reshape(-1)], 1)
+        vert = torch.stack([idx[:-1, :].reshape(-1), idx[1:, :].reshape(-1)], 1)
+        return Graph(h * w, torch.cat([horiz, vert]))
+
+    @staticmethod
+    def empty(n: int) -> Graph:
+        """n isolated nodes."""
+        return Graph(n, torch.zeros(0, 2, dtype=torch.long))
+
+    @staticmethod
+    def from_mask(mask: torch.Tensor, graph: Graph) -> Graph:
+        """The subgraph of ``graph`` keeping the edges where ``mask`` [E] is True."""
+        mask = torch.as_tensor(mask, dtype=torch.bool).cpu()
+        if mask.shape != (graph.num_edges,) or graph.is_ensemble:
+            raise ValueError(f"mask must have shape [{graph.num_edges}] for a single graph, "
+                             f"got {tuple(mask.shape)}")
+        return Graph(graph.num_nodes, graph.edges[mask])
+
+    # ------------------------------------------------------------------ tree schedule
+    def require_forest(self, op: str) -> None:
+        if not self.is_forest:
+            raise ValueError(f"{op} needs a tree or forest, but the graph {self!r} has a cycle "
+                             f"(|E| = {self.num_edges} > n - #components); use smoothed_lp or "
+                             f"brute_force_* for loopy graphs")
+
+    def schedule(self, device: torch.device | str = "cpu") -> Schedule:
+        """The contraction schedule of this forest (ensemble), built once and cached per device."""
+        device = torch.device(device)
+        key = ("schedule", str(device))
+        if key not in self._cache:
+            self.require_forest("a tree op")
+            if ("schedule", "cpu") not in self._cache:
+                self._cache[("schedule", "cpu")] = _build_schedule(self)
+            self._cache[key] = self._cache[("schedule", "cpu")].to(device)
+        return self._cache[key]
+
+
+# ---------------------------------------------------------------------- helpers (numpy, once per graph)
+def _components(n: int, edges: np.ndarray) -> np.ndarray:
+    parent = np.arange(n)
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for a, b in edges:
+        ra, rb = find(int(a)), find(int(b))
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    roots = np.array([find(a) for a in range(n)])
+    return np.unique(roots, return_inverse=True)[1]
+
+
+def _root_forest(n: int, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """BFS-root every component at its lowest node: parent [n], parent_edge [n], flip [n]."""
+    adj: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    for e, (a, b) in enumerate(edges):
+        adj[a].append((b, e))
+        adj[b].append((a, e))
+    parent = np.full(n, -1)
+    parent_edge = np.full(n, -1)
+    seen = np.zeros(n, dtype=bool)
+    for r in range(n):
+        if seen[r]:
+            continue
+        seen[r] = True
+        frontier = [r]
+        while frontier:
+            nxt = []
+            for v in frontier:
+                for u, e in adj[v]:
+                    if not seen[u]:
+                        seen[u] = True
+                        parent[u], parent_edge[u] = v, e
+                        nxt.append(u)
+            frontier = nxt
+    flip = np.zeros(n, dtype=bool)
+    has_parent = parent >= 0
+    flip[has_parent] = edges[parent_edge[has_parent], 0] != parent[has_parent]
+    return parent, parent_edge, flip
+
+
+def _build_schedule(graph: Graph) -> Schedule:
+    n, lists = graph.num_nodes, graph._edge_lists()
+    num_edges = graph.num_edges
+    parents, pedges, flips, groups = [], [], [], []
+    for t, e in enumerate(lists):
+        p, pe, f = _root_forest(n, e)
+        parents.append(np.where(p >= 0, p + t * n, -1))
+        pedges.append(np.where(pe >= 0, pe + t * num_edges, -1))
+        flips.append(f)
+        groups.append(np.full(n, t))
+    parent = np.concatenate(parents)
+    group = np.concatenate(groups)
+    steps = _contraction_steps(parent)
+    roots = np.flatnonzero(parent < 0)
+    as_long = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64))  # noqa: E731
+    return Schedule(
+        num_slots=len(parent),
+        num_groups=len(lists),
+        parent=as_long(parent),
+        parent_edge=as_long(np.concatenate(pedges)),
+        flip=torch.as_tensor(np.concatenate(flips)),
+        roots=as_long(roots),
+        root_group=as_long(group[roots]),
+        steps=tuple(
+            Step(kind, as_long(node), as_long(par), None if ch is None else as_long(ch))
+            for kind, node, par, ch in steps
+        ),
+    )
+
+
+def _contraction_steps(parent: np.ndarray) -> list[tuple]:
+    """Rake/compress rounds (Miller-Reif tree contraction) until only roots remain.
+
+    Each round rakes every live non-root leaf, then compresses an independent set of the
+    live non-root nodes with exactly one live child (those at even current depth within their
+    unary chain run), so any tree, a path included, contracts in O(log n) rounds.
+    """
+    parent = parent.copy()
+    n = len(parent)
+    live = np.ones(n, dtype=bool)
+    steps: list[tuple] = []
+    while True:
+        nonroot = live & (parent >= 0)
+        if not nonroot.any():
+            return steps
+        children = np.bincount(parent[nonroot], minlength=n)
+        leaves = np.flatnonzero(nonroot & (children == 0))
+        if len(leaves):
+            steps.append(("rake", leaves, parent[leaves], None))
+            live[leaves] = False
+            children = np.bincount(parent[live & (parent >= 0)], minlength=n)
+        nonroot = live & (parent >= 0)
+        cand = nonroot & (children == 1)
+        if not cand.any():
+            continue
+        # the one live child of each candidate
+        kids = np.flatnonzero(live & (parent >= 0))
+        only_child = np.full(n, -1)
+        only_child[parent[kids]] = kids
+        # position within a run of candidates, counted from the top of the run: take even positions
+        run_pos = _run_position(parent, cand)
+        chosen = np.flatnonzero(cand & (run_pos % 2 == 0))
+        steps.append(("compress", chosen, parent[chosen], only_child[chosen]))
+        live[chosen] = False
+        parent[only_child[chosen]] = parent[chosen]
+
+
+def _run_position(parent: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    """For each candidate, how many candidates stand directly above it (pointer jumping)."""
+    idx = np.arange(len(parent))
+    par = np.where(parent >= 0, parent, idx)
+    up = np.where(cand & cand[par], par, idx)
+    dist = (up != idx).astype(np.int64)
+    while True:
+        nxt = up[up]
+        if (nxt == up).all():
+            return dist
+        dist = dist + dist[up] * (up != idx)
+        up = nxt

@@ -1,0 +1,15 @@
+"""Inference ops on batched ``Potentials``: exact on trees, brute force, K-best, smoothed LP."""
+
+from .exact import brute_force_kbest, brute_force_logz, brute_force_map, brute_force_marginals
+from .tree import tree_logz, tree_map, tree_marginals, tree_sample
+
+__all__ = [
+    "brute_force_kbest",
+    "brute_force_logz",
+    "brute_force_map",
+    "brute_force_marginals",
+    "tree_logz",
+    "tree_map",
+    "tree_marginals",
+    "tree_sample",
+]

@@ -1,0 +1,70 @@
+"""Inference by enumerating all K**n assignments: the reference every exact op is tested against."""
+
+from __future__ import annotations
+
+import torch
+
+from ..potentials import Potentials
+
+__all__ = ["all_assignments", "brute_force_map", "brute_force_logz", "brute_force_kbest",
+           "brute_force_marginals", "MAX_ASSIGNMENTS"]
+
+MAX_ASSIGNMENTS = 1 << 20
+
+
+def all_assignments(n: int, K: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Every assignment [K**n, n] in lexicographic order (node 0 most significant)."""
+    if K ** n > MAX_ASSIGNMENTS:
+        raise ValueError(f"brute force needs K**n <= 2**20 assignments, got K={K}, n={n} ({K ** n})")
+    powers = K ** torch.arange(n - 1, -1, -1, device=device)
+    return torch.arange(K ** n, device=device).unsqueeze(-1).div(powers, rounding_mode="floor") % K
+
+
+def _all_scores(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores [*B, K**n] ([*B, T, K**n] for ensembles) of every assignment [K**n, n]."""
+    ys = all_assignments(pot.graph.num_nodes, pot.num_states, pot.device)
+    batch = pot.batch_shape
+    y = ys.view(-1, *([1] * len(batch)), ys.shape[-1])  # [A, 1.., n] broadcasts against *B
+    s = pot.score(y)  # [A, *B] or [A, *B, T]
+    return s.movedim(0, -1), ys
+
+
+def brute_force_map(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
+    """(score [*B], y [*B, n]) by enumeration; the lowest-index assignment wins ties."""
+    s, ys = _all_scores(pot)
+    best, idx = s.max(-1)
+    return best, ys[idx]
+
+
+def brute_force_logz(pot: Potentials) -> torch.Tensor:
+    """log Z [*B] by enumeration."""
+    return _all_scores(pot)[0].logsumexp(-1)
+
+
+def brute_force_marginals(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unary [*B, n, K] and pairwise [*B, E, K, K] marginals by enumeration."""
+    s, ys = _all_scores(pot)
+    K = pot.num_states
+    p = torch.nan_to_num(torch.softmax(s, -1), nan=0.0)  # [*B, A]
+    oh = torch.nn.functional.one_hot(ys, K).to(p.dtype)  # [A, n, K]
+    mu = torch.einsum("...a,ank->...nk", p, oh)
+    e = pot.graph.edges.to(pot.device)
+    pair = oh[:, e[:, 0], :, None] * oh[:, e[:, 1], None, :]  # [A, E, K, K]
+    return mu, torch.einsum("...a,aekl->...ekl", p, pair)
+
+
+def brute_force_kbest(pot: Potentials, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best assignments by enumeration: scores [*B, k] descending, ys [*B, k, n].
+
+    Impossible assignments (score -inf) and slots beyond K**n are reported with score -inf.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    s, ys = _all_scores(pot)
+    A = s.shape[-1]
+    top, idx = s.topk(min(k, A), -1)
+    if k > A:
+        pad = k - A
+        top = torch.cat([top, top.new_full((*top.shape[:-1], pad), float("-inf"))], -1)
+        idx = torch.cat([idx, idx.new_zeros((*idx.shape[:-1], pad))], -1)
+    return top, ys[idx]
