@@ -42,6 +42,7 @@ class Schedule:
     parent: LongTensor [N]; the parent slot of v in the rooted forest (-1 for roots).
     parent_edge: LongTensor [N]; edge slot joining v to its parent (-1 for roots).
     flip: BoolTensor [N]; True when the edge is stored as (v, parent) rather than (parent, v).
+    children: LongTensor [N - R]; the non-root slots. flipped: LongTensor; the slots with flip True.
     roots: LongTensor [R]; root_group: LongTensor [R], the graph (ensemble member) of each root.
     steps: the rake / compress steps, in order.
     """
@@ -51,6 +52,8 @@ class Schedule:
     parent: torch.Tensor
     parent_edge: torch.Tensor
     flip: torch.Tensor
+    children: torch.Tensor
+    flipped: torch.Tensor
     roots: torch.Tensor
     root_group: torch.Tensor
     steps: tuple[Step, ...]
@@ -66,6 +69,8 @@ class Schedule:
             mv(self.parent),
             mv(self.parent_edge),
             mv(self.flip),
+            mv(self.children),
+            mv(self.flipped),
             mv(self.roots),
             mv(self.root_group),
             steps,
@@ -274,13 +279,16 @@ def _build_schedule(graph: Graph) -> Schedule:
     group = np.concatenate(groups)
     steps = _contraction_steps(parent)
     roots = np.flatnonzero(parent < 0)
+    flip = np.concatenate(flips)
     as_long = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64))  # noqa: E731
     return Schedule(
         num_slots=len(parent),
         num_groups=len(lists),
         parent=as_long(parent),
         parent_edge=as_long(np.concatenate(pedges)),
-        flip=torch.as_tensor(np.concatenate(flips)),
+        flip=torch.as_tensor(flip),
+        children=as_long(np.flatnonzero(parent >= 0)),
+        flipped=as_long(np.flatnonzero(flip)),
         roots=as_long(roots),
         root_group=as_long(group[roots]),
         steps=tuple(

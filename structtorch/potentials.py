@@ -49,11 +49,20 @@ class Potentials:
         if p.dim() < 3 + tree_dims or p.shape[-3:] != (E, K, K) or (tree_dims and p.shape[-4] != T):
             want = f"[*B, T={T}, E={E}, K={K}, K={K}]" if tree_dims else f"[*B, E={E}, K={K}, K={K}]"
             raise ValueError(f"pairwise must have shape {want}, got {tuple(p.shape)}")
+        pb = p.shape[: p.dim() - 3 - tree_dims]
+        ub = u.shape[:-2]
+        if self.unary_per_graph:
+            if u.shape[-3] != T:
+                raise ValueError(
+                    f"unary has more leading dims than pairwise's batch dims {tuple(pb)}, so it is read as "
+                    f"per-graph unary [*B, T={T}, n={n}, K={K}], got {tuple(u.shape)}; for a shared unary "
+                    f"[*B, n, K] give pairwise a batch dim (e.g. pairwise.unsqueeze(0))")
+            ub = u.shape[:-3]
         try:
-            torch.broadcast_shapes(u.shape[:-2], p.shape[: p.dim() - 3 - tree_dims])
+            torch.broadcast_shapes(ub, pb)
         except RuntimeError as err:
-            raise ValueError(f"batch dims of unary {tuple(u.shape[:-2])} and pairwise "
-                             f"{tuple(p.shape[:-3 - tree_dims])} do not broadcast") from err
+            raise ValueError(f"batch dims of unary {tuple(ub)} and pairwise "
+                             f"{tuple(pb)} do not broadcast") from err
         if torch.isnan(u).any() or torch.isnan(p).any():
             raise ValueError("potentials contain NaN (use -inf for impossible states)")
         if (u == float("inf")).any() or (p == float("inf")).any():
@@ -65,13 +74,23 @@ class Potentials:
         return int(self.unary.shape[-1])
 
     @property
+    def unary_per_graph(self) -> bool:
+        """Ensembles only: True when unary is per graph [*B, T, n, K] rather than shared [*B, n, K].
+
+        Unary is per graph exactly when it has more leading dims than pairwise has batch dims
+        (pairwise [*B, T, E, K, K]); write a per-graph unary with the full batch, or a shared one
+        with pairwise carrying at least as many batch dims.
+        """
+        if not self.graph.is_ensemble:
+            return False
+        return self.unary.dim() - 2 > self.pairwise.dim() - 4
+
+    @property
     def batch_shape(self) -> torch.Size:
         """Leading batch dims *B (the broadcast of unary's and pairwise's)."""
         tree_dims = 1 if self.graph.is_ensemble else 0
         pb = self.pairwise.shape[: self.pairwise.dim() - 3 - tree_dims]
-        ub = self.unary.shape[:-2]
-        if tree_dims and self.unary.dim() >= 3 and self.unary.dim() - 2 > len(pb):
-            ub = self.unary.shape[:-3]  # per-graph unary [*B, T, n, K]
+        ub = self.unary.shape[:-3] if self.unary_per_graph else self.unary.shape[:-2]
         return torch.broadcast_shapes(ub, pb)
 
     @property
@@ -95,7 +114,7 @@ class Potentials:
         if g.is_ensemble:
             T = g.num_graphs
             u = self.unary
-            if u.dim() - 2 == len(B):  # shared unary -> per graph
+            if not self.unary_per_graph:  # shared unary -> per graph
                 u = u.unsqueeze(-3)
             u = u.expand(*B, T, g.num_nodes, self.num_states)
             p = self.pairwise.expand(*B, T, g.num_edges, self.num_states, self.num_states)
@@ -127,7 +146,7 @@ class Potentials:
         edges = g.edges.to(self.device)
         if g.is_ensemble:
             y = y.unsqueeze(-2)  # [*, 1, n] against the T dim
-            if u.dim() - 2 == len(self.batch_shape):
+            if not self.unary_per_graph:
                 u = u.unsqueeze(-3)
         yu = y.unsqueeze(-1)
         shape = torch.broadcast_shapes(yu.shape[:-2], u.shape[:-2])

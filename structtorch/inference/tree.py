@@ -13,7 +13,6 @@ kept, without an autograd graph of the loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -28,18 +27,23 @@ _CHUNK_ELEMENTS = 1 << 25  # cap on the [B, S, K, K, K] intermediate of a compre
 
 @dataclass
 class _Tape:
-    """What one contraction kept per step: the removed node's edge matrix and unary, and for
-    compress steps its child's edge matrix before (``m_child``) and after (``m_new``)."""
+    """What the forward contraction kept of one step (slot-major: S removed nodes, then batch B).
 
-    m_node: torch.Tensor  # [B, S, K, K] (x_parent, x_node)
-    u_node: torch.Tensor  # [B, S, K]
-    m_child: torch.Tensor | None = None  # [B, S, K, K] (x_node, x_child)
-    m_new: torch.Tensor | None = None  # [B, S, K, K] (x_parent, x_child)
+    a: [S, B, K, K], the removed node's edge matrix plus its unary, (x_parent, x_node).
+    m_child / m_new: compress steps, the child's edge matrix before (x_node, x_child) and after
+    (x_parent, x_child). arg: max semiring only, the maximising x_node, [S, B, K] for a rake
+    (per x_parent) and [S, B, K, K] for a compress (per x_parent, x_child).
+    """
+
+    a: torch.Tensor | None = None
+    m_child: torch.Tensor | None = None
+    m_new: torch.Tensor | None = None
+    arg: torch.Tensor | None = None
 
 
 # ---------------------------------------------------------------------- layout
 def _flat(pot: Potentials, op: str) -> tuple[torch.Tensor, torch.Tensor, Schedule, torch.Size]:
-    """unary [B, N, K] and pairwise [B, NE, K, K] over all node/edge slots, with the schedule."""
+    """Slot-major unary [N, B, K] and pairwise [NE, B, K, K] over all node/edge slots, with the schedule."""
     if not isinstance(pot, Potentials):
         raise TypeError(f"{op} expects a structtorch.Potentials, got {type(pot).__name__}")
     pot.graph.require_forest(op)
@@ -48,92 +52,105 @@ def _flat(pot: Potentials, op: str) -> tuple[torch.Tensor, torch.Tensor, Schedul
     batch = pot.batch_shape
     K = pot.num_states
     u = u.reshape(-1, sched.num_slots, K)
-    return u, p.reshape(u.shape[0], -1, K, K), sched, batch
+    p = p.reshape(u.shape[0], -1, K, K)
+    return u.transpose(0, 1), p.transpose(0, 1), sched, batch
 
 
 def _edge_matrices(pair: torch.Tensor, sched: Schedule) -> torch.Tensor:
-    """M [B, N, K, K]: M[:, v] = potential of v's parent edge, oriented (x_parent, x_v)."""
-    B, NE, K, _ = pair.shape
+    """M [N, B, K, K]: M[v] = potential of v's parent edge, oriented (x_parent, x_v); roots unused."""
+    NE, B, K, _ = pair.shape
     if NE == 0:
-        return pair.new_zeros(B, sched.num_slots, K, K)
-    pe = sched.parent_edge.clamp(min=0)
-    M = pair[:, pe]
-    M = torch.where(sched.flip.view(1, -1, 1, 1), M.transpose(-1, -2), M)
-    return torch.where((sched.parent_edge >= 0).view(1, -1, 1, 1), M, torch.zeros((), dtype=M.dtype,
-                                                                                      device=M.device))
+        return pair.new_zeros(sched.num_slots, B, K, K)
+    M = pair[sched.parent_edge.clamp(min=0)]
+    M[sched.flipped] = M[sched.flipped].transpose(-1, -2)
+    return M
 
 
-def _out_shape(values: torch.Tensor, batch: torch.Size, sched: Schedule, ensemble: bool) -> torch.Tensor:
-    """Per-graph values [B, G] -> [*B] (single graph) or [*B, T] (ensemble)."""
-    return values.reshape(*batch, sched.num_groups) if ensemble else values.reshape(batch)
+def _out_shape(values: torch.Tensor, batch: torch.Size, ensemble: bool) -> torch.Tensor:
+    """Per-graph values [G, B] -> [*B] (single graph) or [*B, T] (ensemble)."""
+    return values.T.reshape(*batch, values.shape[0]) if ensemble else values.reshape(batch)
 
 
-# ---------------------------------------------------------------------- forward contraction
-def _reduce(semiring: str) -> Callable[[torch.Tensor, int], torch.Tensor]:
-    if semiring == "max":
-        return lambda t, dim: t.amax(dim)
-    return lambda t, dim: t.logsumexp(dim)
-
-
-def _chunks(B: int, S: int, K: int) -> list[slice]:
+def _chunks(S: int, B: int, K: int) -> list[slice]:
+    """Slices of the S dim keeping a [S, B, K, K, K] intermediate under _CHUNK_ELEMENTS."""
     step = max(1, _CHUNK_ELEMENTS // max(1, B * K ** 3))
     return [slice(i, min(S, i + step)) for i in range(0, S, step)]
 
 
+# ---------------------------------------------------------------------- forward contraction
 def _contract(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule, semiring: str
               ) -> tuple[torch.Tensor, torch.Tensor, list[_Tape]]:
-    """Run all steps. Returns per-graph values [B, G], final unary [B, N, K] and the tape."""
-    reduce = _reduce(semiring)
-    U = unary.clone()
+    """Run all steps in the (max, +) or (logsumexp, +) semiring.
+
+    unary [N, B, K], pair [NE, B, K, K] -> per-graph values [G, B], final unary [N, B, K], tape.
+    """
+    is_max = semiring == "max"
+    U = unary.clone(memory_format=torch.contiguous_format)
     M = _edge_matrices(pair, sched)
-    B, _, K = U.shape
+    _, B, K = U.shape
     tape = []
     for step in sched.steps:
-        m_node, u_node = M[:, step.node], U[:, step.node]
+        a = M[step.node] + U[step.node].unsqueeze(-2)  # (x_parent, x_node)
         if step.kind == "rake":
-            U.index_add_(1, step.parent, reduce(m_node + u_node.unsqueeze(-2), -1))
-            tape.append(_Tape(m_node, u_node))
-        else:
-            m_child = M[:, step.child]
-            m_new = torch.cat([
-                reduce(m_node[:, c, :, :, None] + u_node[:, c, None, :, None] + m_child[:, c, None, :, :], -2)
-                for c in _chunks(B, len(step.node), K)
-            ], 1)  # [B, S, K(parent), K(child)]
-            M[:, step.child] = m_new
-            tape.append(_Tape(m_node, u_node, m_child, m_new))
-    per_root = reduce(U[:, sched.roots], -1)  # [B, R]
-    values = per_root.new_zeros(B, sched.num_groups).index_add_(1, sched.root_group, per_root)
+            msg, arg = a.max(-1) if is_max else (a.logsumexp(-1), None)
+            U.index_add_(0, step.parent, msg)
+            tape.append(_Tape(arg=arg) if is_max else _Tape(a))
+            continue
+        m_child = M[step.child]
+        parts = []
+        for c in _chunks(len(step.node), B, K):
+            s = a[c, :, :, :, None] + m_child[c, :, None, :, :]  # (x_parent, x_node, x_child)
+            parts.append(s.max(-2) if is_max else (s.logsumexp(-2), None))
+        m_new = torch.cat([v for v, _ in parts])
+        M[step.child] = m_new
+        tape.append(_Tape(arg=torch.cat([i for _, i in parts])) if is_max else _Tape(a, m_child, m_new))
+    root_u = U[sched.roots]
+    per_root = root_u.amax(-1) if is_max else root_u.logsumexp(-1)  # [R, B]
+    values = per_root.new_zeros(sched.num_groups, B).index_add_(0, sched.root_group, per_root)
     return values, U, tape
 
 
 # ---------------------------------------------------------------------- backward passes
-def _choose(logits: torch.Tensor, generator: torch.Generator | None, sample: bool) -> torch.Tensor:
-    """argmax (sample=False) or a Gumbel-max sample (sample=True) over the last dim."""
-    if sample:
-        g = torch.rand(logits.shape, generator=generator, dtype=logits.dtype, device=logits.device)
-        logits = logits - torch.log(-torch.log(g.clamp_min(torch.finfo(g.dtype).tiny)))
-    return logits.argmax(-1)
+def _argmax_backtrack(U: torch.Tensor, tape: list[_Tape], sched: Schedule) -> torch.Tensor:
+    """MAP assignment y [N, B] from the argmax tables of a max-semiring contraction."""
+    N, B, K = U.shape
+    y = torch.zeros(N, B, dtype=torch.long, device=U.device)
+    y[sched.roots] = U[sched.roots].argmax(-1)
+    for step, t in zip(reversed(sched.steps), reversed(tape)):
+        idx = y[step.parent]
+        if step.kind == "compress":
+            idx = idx * K + y[step.child]
+        y[step.node] = t.arg.flatten(2).gather(-1, idx.unsqueeze(-1)).squeeze(-1)
+    return y
 
 
 def _row(m: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """m [*S, B, S, K, K], idx [*S, B, S] -> m[..., idx, :] [*S, B, S, K]."""
+    """m [S, B, K, K], idx [S, X, B] -> m[s, b, idx[s, x, b], :] as [S, X, B, K]."""
+    S, X, B = idx.shape
     K = m.shape[-1]
-    return torch.gather(m, -2, idx[..., None, None].expand(*idx.shape, 1, K)).squeeze(-2)
+    m = m.unsqueeze(1).expand(S, X, B, K, K)
+    return m.gather(-2, idx[..., None, None].expand(S, X, B, 1, K)).squeeze(-2)
 
 
-def _backtrack(U: torch.Tensor, tape: list[_Tape], sched: Schedule, extra: tuple[int, ...] = (),
-               generator: torch.Generator | None = None, sample: bool = False) -> torch.Tensor:
-    """Assignment y [*extra, B, N] by undoing the steps: argmax (MAP) or conditional sampling."""
-    B, N, K = U.shape
-    y = torch.zeros(*extra, B, N, dtype=torch.long, device=U.device)
-    root_logits = U[:, sched.roots].expand(*extra, B, len(sched.roots), K)
-    y[..., sched.roots] = _choose(root_logits, generator, sample)
+def _gumbel_argmax(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """A sample of softmax(logits) over the last dim (Gumbel-max)."""
+    g = torch.rand(logits.shape, generator=generator, dtype=logits.dtype, device=logits.device)
+    return (logits - torch.log(-torch.log(g.clamp_min(torch.finfo(g.dtype).tiny)))).argmax(-1)
+
+
+def _sample_backtrack(U: torch.Tensor, tape: list[_Tape], sched: Schedule, num_samples: int,
+                      generator: torch.Generator | None) -> torch.Tensor:
+    """Exact samples y [N, X, B] by backward sampling through a logsumexp contraction:
+    a raked node given its parent, a compressed node given its parent and child."""
+    N, B, K = U.shape
+    y = torch.zeros(N, num_samples, B, dtype=torch.long, device=U.device)
+    root_u = U[sched.roots].unsqueeze(1).expand(-1, num_samples, B, K)
+    y[sched.roots] = _gumbel_argmax(root_u, generator)
     for step, t in zip(reversed(sched.steps), reversed(tape)):
-        logits = _row(t.m_node.expand(*extra, *t.m_node.shape), y[..., step.parent]) + t.u_node
-        if step.kind == "compress":  # + M_child(x_node, y_child): column y_child
-            mc = t.m_child.transpose(-1, -2).expand(*extra, *t.m_child.shape)
-            logits = logits + _row(mc, y[..., step.child])
-        y[..., step.node] = _choose(logits, generator, sample)
+        logits = _row(t.a, y[step.parent])
+        if step.kind == "compress":
+            logits = logits + _row(t.m_child.transpose(-1, -2), y[step.child])
+        y[step.node] = _gumbel_argmax(logits, generator)
     return y
 
 
@@ -143,51 +160,54 @@ def _safe_exp(t: torch.Tensor) -> torch.Tensor:
 
 
 def _marginals(U: torch.Tensor, tape: list[_Tape], sched: Schedule) -> tuple[torch.Tensor, torch.Tensor]:
-    """Outside pass: unary marginals [B, N, K] and joints across each node's parent edge [B, N, K, K]."""
-    B, N, K = U.shape
-    mu = U.new_zeros(B, N, K)
-    J = U.new_zeros(B, N, K, K)  # joint across the node's *current* edge matrix, (x_parent, x_node)
-    root_u = U[:, sched.roots]
-    mu[:, sched.roots] = _safe_exp(root_u - root_u.logsumexp(-1, keepdim=True))
+    """Outside pass: unary marginals [N, B, K] and joints across each slot's parent edge [N, B, K, K].
+
+    J[v] is the joint across v's *current* edge matrix while undoing the steps: a rake gives
+    J = mu_parent * P(x_v | x_parent); a compress splits the joint across (parent, child) into
+    the triple (parent, v, child) and so into the joints across its two edges.
+    """
+    N, B, K = U.shape
+    mu = U.new_zeros(N, B, K)
+    J = U.new_zeros(N, B, K, K)  # (x_parent, x_node)
+    root_u = U[sched.roots]
+    mu[sched.roots] = _safe_exp(root_u - root_u.logsumexp(-1, keepdim=True))
     for step, t in zip(reversed(sched.steps), reversed(tape)):
         if step.kind == "rake":
-            s = t.m_node + t.u_node.unsqueeze(-2)  # [B, S, K, K]
-            joint = mu[:, step.parent].unsqueeze(-1) * _safe_exp(s - s.logsumexp(-1, keepdim=True))
-            J[:, step.node] = joint
-            mu[:, step.node] = joint.sum(-2)
+            joint = mu[step.parent].unsqueeze(-1) * _safe_exp(t.a - t.a.logsumexp(-1, keepdim=True))
+            J[step.node] = joint
+            mu[step.node] = joint.sum(-2)
             continue
-        j_new = J[:, step.child]  # (x_parent, x_child)
-        for c in _chunks(B, len(step.node), K):
-            s = t.m_node[:, c, :, :, None] + t.u_node[:, c, None, :, None] + t.m_child[:, c, None, :, :]
-            triple = j_new[:, c, :, None, :] * _safe_exp(s - t.m_new[:, c, :, None, :])  # [B,S,Kp,Kv,Kc]
-            J[:, step.node[c]] = triple.sum(-1)
-            J[:, step.child[c]] = triple.sum(-3)
-            mu[:, step.node[c]] = triple.sum((-3, -1))
+        j_new = J[step.child]  # (x_parent, x_child)
+        for c in _chunks(len(step.node), B, K):
+            s = t.a[c, :, :, :, None] + t.m_child[c, :, None, :, :]
+            triple = j_new[c, :, :, None, :] * _safe_exp(s - t.m_new[c, :, :, None, :])  # (p, v, c)
+            J[step.node[c]] = triple.sum(-1)
+            J[step.child[c]] = triple.sum(-3)
+            mu[step.node[c]] = triple.sum((-3, -1))
     return mu, J
 
 
 def _pair_from_joints(J: torch.Tensor, sched: Schedule, num_edge_slots: int) -> torch.Tensor:
-    """Scatter per-node joints [B, N, K, K] into per-edge marginals [B, NE, K, K] (stored orientation)."""
-    B, _, K, _ = J.shape
-    child = torch.nonzero(sched.parent_edge >= 0).squeeze(-1)
-    Jc = J[:, child]
-    Jc = torch.where(sched.flip[child].view(1, -1, 1, 1), Jc.transpose(-1, -2), Jc)
-    out = J.new_zeros(B, num_edge_slots, K, K)
-    out[:, sched.parent_edge[child]] = Jc
+    """Per-slot joints [N, B, K, K] (x_parent, x_v) -> per-edge [NE, B, K, K] in stored orientation."""
+    _, B, K, _ = J.shape
+    out = J.new_zeros(num_edge_slots, B, K, K)
+    out[sched.parent_edge[sched.children]] = J[sched.children]
+    flipped = sched.parent_edge[sched.flipped]
+    out[flipped] = out[flipped].transpose(-1, -2)
     return out
 
 
-def _one_hot_grads(y: torch.Tensor, sched: Schedule, num_edge_slots: int, K: int, dtype: torch.dtype
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One-hot of an assignment y [B, N]: unary [B, N, K], pairwise [B, NE, K, K]."""
+def _one_hot(y: torch.Tensor, sched: Schedule, num_edge_slots: int, K: int, dtype: torch.dtype
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One-hot of an assignment y [N, B]: unary [N, B, K], pairwise [NE, B, K, K]."""
     oh = torch.nn.functional.one_hot(y, K).to(dtype)
-    J = oh[:, sched.parent.clamp(min=0), :, None] * oh[:, :, None, :]  # (x_parent, x_node)
+    J = oh[sched.parent.clamp(min=0), :, :, None] * oh[:, :, None, :]  # (x_parent, x_node)
     return oh, _pair_from_joints(J, sched, num_edge_slots)
 
 
-def _per_slot(grad: torch.Tensor, num_groups: int, num_slots: int) -> torch.Tensor:
-    """Per-graph upstream grads [B, G] -> per node or edge slot [B, slots] (slots laid out graph-major)."""
-    return grad.repeat_interleave(num_slots // num_groups, dim=1) if num_slots else grad[:, :0]
+def _per_slot(grad: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """Per-graph grads [G, B] -> per node or edge slot [slots, B] (slots laid out graph-major)."""
+    return grad.repeat_interleave(num_slots // grad.shape[0], dim=0) if num_slots else grad[:0]
 
 
 # ---------------------------------------------------------------------- autograd functions
@@ -196,9 +216,9 @@ class _TreeMap(torch.autograd.Function):
     def forward(ctx, unary, pair, sched):  # noqa: D102
         with torch.no_grad():
             values, U, tape = _contract(unary, pair, sched, "max")
-            y = _backtrack(U, tape, sched)
+            y = _argmax_backtrack(U, tape, sched)
         ctx.save_for_backward(y, values)
-        ctx.sched, ctx.num_edge_slots, ctx.num_states = sched, pair.shape[1], unary.shape[-1]
+        ctx.sched, ctx.num_edge_slots, ctx.num_states = sched, pair.shape[0], unary.shape[-1]
         ctx.mark_non_differentiable(y)
         return values, y
 
@@ -206,12 +226,9 @@ class _TreeMap(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_values, _grad_y):  # noqa: D102
         y, values = ctx.saved_tensors
-        sched = ctx.sched
         grad = torch.where(torch.isfinite(values), grad_values, 0.0)  # no subgradient at -inf
-        gu, gp = _one_hot_grads(y, sched, ctx.num_edge_slots, ctx.num_states, grad.dtype)
-        gu = gu * _per_slot(grad, sched.num_groups, gu.shape[1])[..., None]
-        gp = gp * _per_slot(grad, sched.num_groups, gp.shape[1])[..., None, None]
-        return gu, gp, None
+        gu, gp = _one_hot(y, ctx.sched, ctx.num_edge_slots, ctx.num_states, grad.dtype)
+        return gu * _per_slot(grad, gu.shape[0])[..., None], gp * _per_slot(grad, gp.shape[0])[..., None, None], None
 
 
 class _TreeLogZ(torch.autograd.Function):
@@ -227,20 +244,20 @@ class _TreeLogZ(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_values):  # noqa: D102
         unary, pair = ctx.saved_tensors
-        sched = ctx.sched
-        mu, mu_pair = _marginal_tensors(unary, pair, sched)
-        mu = mu * _per_slot(grad_values, sched.num_groups, mu.shape[1])[..., None]
-        mu_pair = mu_pair * _per_slot(grad_values, sched.num_groups, mu_pair.shape[1])[..., None, None]
-        return mu, mu_pair, None
+        mu, mu_pair = _marginal_tensors(unary, pair, ctx.sched)
+        return (mu * _per_slot(grad_values, mu.shape[0])[..., None],
+                mu_pair * _per_slot(grad_values, mu_pair.shape[0])[..., None, None], None)
 
 
 def _marginal_tensors(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unary [B, N, K] and pairwise [B, NE, K, K] marginals by one contraction and one outside pass."""
+    """Unary [N, B, K] and pairwise [NE, B, K, K] marginals: one contraction and one outside pass."""
     with torch.no_grad():
-        _, U, tape = _contract(unary, pair, sched, "sum")
+        logz, U, tape = _contract(unary, pair, sched, "sum")
         mu, J = _marginals(U, tape, sched)
-    return mu, _pair_from_joints(J, sched, pair.shape[1])
+        possible = torch.isfinite(logz).to(mu.dtype)  # [G, B]: a graph with Z = 0 has no marginals
+        mu_pair = _pair_from_joints(J, sched, pair.shape[0])
+    return mu * _per_slot(possible, mu.shape[0])[..., None], mu_pair * _per_slot(possible, mu_pair.shape[0])[..., None, None]
 
 
 # ---------------------------------------------------------------------- public ops
@@ -253,29 +270,30 @@ def tree_map(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
     """
     u, p, sched, batch = _flat(pot, "tree_map")
     values, y = _TreeMap.apply(u, p, sched)
-    ens = pot.graph.is_ensemble
-    n = pot.graph.num_nodes
-    y = y.reshape(*batch, sched.num_groups, n) if ens else y.reshape(*batch, n)
-    return _out_shape(values, batch, sched, ens), y
+    g = pot.graph
+    y = y.T.reshape(*_lead(batch, g), g.num_nodes)
+    return _out_shape(values, batch, g.is_ensemble), y
 
 
 def tree_logz(pot: Potentials) -> torch.Tensor:
     """Exact log partition function [*B] ([*B, T] for ensembles); its gradient is the marginals."""
     u, p, sched, batch = _flat(pot, "tree_logz")
-    return _out_shape(_TreeLogZ.apply(u, p, sched), batch, sched, pot.graph.is_ensemble)
+    return _out_shape(_TreeLogZ.apply(u, p, sched), batch, pot.graph.is_ensemble)
 
 
 def tree_marginals(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact marginals: unary [*B, n, K] and pairwise [*B, E, K, K] (stored edge orientation).
 
-    Zero-probability components (log Z = -inf) get all-zero marginals. Not differentiable.
+    Rows (ensembles: row and tree) with no possible assignment (log Z = -inf) get all-zero
+    marginals. Not differentiable: differentiate ``tree_logz`` instead.
     """
     u, p, sched, batch = _flat(pot, "tree_marginals")
     mu, mu_pair = _marginal_tensors(u, p, sched)
     g = pot.graph
-    lead = (*batch, g.num_graphs) if g.is_ensemble else tuple(batch)
+    lead = _lead(batch, g)
     K = pot.num_states
-    return mu.reshape(*lead, g.num_nodes, K), mu_pair.reshape(*lead, g.num_edges, K, K)
+    return (mu.transpose(0, 1).reshape(*lead, g.num_nodes, K),
+            mu_pair.transpose(0, 1).reshape(*lead, g.num_edges, K, K))
 
 
 def tree_sample(pot: Potentials, num_samples: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -288,7 +306,11 @@ def tree_sample(pot: Potentials, num_samples: int, generator: torch.Generator | 
         values, U, tape = _contract(u, p, sched, "sum")
         if torch.isinf(values).any():
             raise ValueError("tree_sample: some rows have no possible assignment (log Z = -inf)")
-        y = _backtrack(U, tape, sched, (num_samples,), generator, sample=True)
+        y = _sample_backtrack(U, tape, sched, num_samples, generator)  # [N, X, B]
     g = pot.graph
-    lead = (*batch, g.num_graphs) if g.is_ensemble else tuple(batch)
-    return y.reshape(num_samples, *lead, g.num_nodes)
+    return y.permute(1, 2, 0).reshape(num_samples, *_lead(batch, g), g.num_nodes)
+
+
+def _lead(batch: torch.Size, graph) -> tuple[int, ...]:
+    """Leading dims of per-node outputs: *B, plus T for ensembles."""
+    return (*batch, graph.num_graphs) if graph.is_ensemble else tuple(batch)

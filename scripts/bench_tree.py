@@ -1,0 +1,110 @@
+"""Tree MAP and marginals on chains: structtorch vs torch-struct's LinearChainCRF, side by side.
+
+    python scripts/bench_tree.py [--device cuda] [--quick] [--out scripts/results/bench_tree.json]
+
+For every (B, n, K) both libraries get the same chain potentials; the table shows median
+wall-clock seconds over repeats and the ratio torch-struct / structtorch (> 1: we are faster).
+Answers are cross-checked (MAP scores and marginals agree) before timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+import structtorch as st
+from structtorch import inference as inf
+
+try:
+    from torch_struct import LinearChainCRF
+except ImportError:  # pragma: no cover - optional benchmark dependency
+    LinearChainCRF = None
+
+
+def to_torch_struct(unary: torch.Tensor, pairwise: torch.Tensor) -> torch.Tensor:
+    """Chain potentials -> torch-struct log_potentials [B, n-1, K(next), K(prev)]."""
+    edge = pairwise.transpose(-1, -2) + unary[:, 1:, :, None]
+    edge[:, 0] += unary[:, 0][:, None, :]
+    return edge
+
+
+def timeit(fn, device: torch.device, repeats: int) -> float:
+    fn()  # warm-up (schedule cache, allocator)
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def check(pot: st.Potentials, edge: torch.Tensor) -> None:
+    """Both libraries agree on the MAP score and the marginals."""
+    score, _ = inf.tree_map(pot)
+    crf = LinearChainCRF(edge)
+    ts_score = crf.max
+    assert torch.allclose(score, ts_score, rtol=1e-4, atol=1e-3), (score - ts_score).abs().max()
+    mu, _ = inf.tree_marginals(pot)
+    ts_edge_marg = crf.marginals  # [B, n-1, K(next), K(prev)]
+    ts_mu = torch.cat([ts_edge_marg[:, :1].sum(-2), ts_edge_marg.sum(-1)], 1)
+    assert torch.allclose(mu, ts_mu, atol=1e-3), (mu - ts_mu).abs().max()
+
+
+def run(device: torch.device, sizes: list[tuple[int, int, int]], repeats: int) -> list[dict]:
+    rows = []
+    for B, n, K in sizes:
+        gen = torch.Generator().manual_seed(0)
+        unary = torch.randn(B, n, K, generator=gen).to(device)
+        pairwise = torch.randn(B, n - 1, K, K, generator=gen).to(device)
+        graph = st.Graph.chain(n)
+        pot = st.Potentials(unary, pairwise, graph)
+        edge = to_torch_struct(unary, pairwise)
+        check(pot, edge)
+        row = {"B": B, "n": n, "K": K}
+        with torch.no_grad():
+            row["map_st"] = timeit(lambda: inf.tree_map(pot), device, repeats)
+            row["marg_st"] = timeit(lambda: inf.tree_marginals(pot), device, repeats)
+        row["map_ts"] = timeit(lambda: LinearChainCRF(edge).argmax, device, repeats)
+        row["marg_ts"] = timeit(lambda: LinearChainCRF(edge).marginals, device, repeats)
+        row["map_ratio"] = row["map_ts"] / row["map_st"]
+        row["marg_ratio"] = row["marg_ts"] / row["marg_st"]
+        rows.append(row)
+        print(f"{B:>5} {n:>5} {K:>2} | map {row['map_st']:9.5f} {row['map_ts']:9.5f} {row['map_ratio']:6.2f}x"
+              f" | marginals {row['marg_st']:9.5f} {row['marg_ts']:9.5f} {row['marg_ratio']:6.2f}x", flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="small sizes only (smoke test)")
+    ap.add_argument("--out", default="scripts/results/bench_tree.json")
+    args = ap.parse_args()
+    if LinearChainCRF is None:
+        raise SystemExit("torch-struct is needed: pip install --no-deps torch-struct (the [bench] extra)")
+    device = torch.device(args.device)
+    Bs, ns, Ks = ([1, 64], [16, 128], [2]) if args.quick else ([1, 64, 1024], [16, 128, 1024], [2, 8])
+    sizes = [(B, n, K) for B in Bs for n in ns for K in Ks]
+    print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()}")
+    print("    B     n  K | map: structtorch  torch-struct  ratio | marginals: structtorch  torch-struct  ratio")
+    rows = run(device, sizes, args.repeats)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"device": str(device), "torch": torch.__version__, "machine": platform.machine(),
+            "threads": torch.get_num_threads()}
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
