@@ -1,0 +1,307 @@
+"""K-best MAP on trees and forests, and MAP over ensembles of trees with a certificate (RTA).
+
+``tree_kbest`` is a level-synchronous k-best dynamic program on a *binarised* rooted forest:
+every node with more than two children gets a balanced binary tree of dummy nodes that copy
+its state (identity potentials), and one super-root per graph joins the components, so each
+node combines exactly two child lists. Work per example is O(n K^2 k) for the messages plus
+O(n K k^2) for the top-k merges.
+
+Excluding one assignment y_hat (RTA's worst-violator search) happens inside the program: each
+message carries, next to its k best entries, one *special* entry, the restriction of y_hat
+to the sender's subtree; the combination of two special entries at a node in state y_hat_v
+is y_hat's restriction again and is kept out of the regular list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..graph import Graph, _root_forest
+from ..potentials import Potentials
+
+__all__ = ["tree_kbest", "ensemble_map"]
+
+_NEG = float("-inf")
+
+
+@dataclass(frozen=True)
+class _Level:
+    """Nodes at one depth of the binarised forest: node [S], parent [S], slot [S] (0/1: which child of
+    its parent), child [S, 2] (their children; M, one past the last slot, where there is none)."""
+
+    node: torch.Tensor
+    parent: torch.Tensor
+    slot: torch.Tensor
+    child: torch.Tensor
+
+
+@dataclass(frozen=True)
+class _KBestSchedule:
+    """Binarised forest over M augmented slots: N = T*n original, then G super-roots, then dummies.
+
+    origin [M]: the original slot whose state a slot carries (super-roots: -1).
+    edge_code [M]: how a slot's parent edge is built: e (stored edge e, oriented parent->child),
+    NE + e (edge e transposed), 2 NE (identity: dummy), 2 NE + 1 (zeros: super-root -> component root),
+    -1 for super-roots. levels: deepest first. roots [G].
+    """
+
+    num_slots: int
+    num_original: int
+    origin: torch.Tensor
+    edge_code: torch.Tensor
+    levels: tuple[_Level, ...]
+    roots: torch.Tensor
+
+    def to(self, device: torch.device) -> _KBestSchedule:
+        levels = tuple(_Level(*(t.to(device) for t in (lv.node, lv.parent, lv.slot, lv.child))) for lv in self.levels)
+        return _KBestSchedule(self.num_slots, self.num_original, self.origin.to(device), self.edge_code.to(device),
+                              levels, self.roots.to(device))
+
+
+def _kbest_schedule(graph: Graph, device: torch.device) -> _KBestSchedule:
+    key = ("kbest", str(device))
+    if key not in graph._cache:
+        cpu = graph._cache.get(("kbest", "cpu")) or _build_kbest_schedule(graph)
+        graph._cache[("kbest", "cpu")] = cpu
+        graph._cache[key] = cpu.to(device)
+    return graph._cache[key]
+
+
+def _build_kbest_schedule(graph: Graph) -> _KBestSchedule:
+    n, E, G = graph.num_nodes, graph.num_edges, graph.num_graphs
+    N, NE = G * n, G * E
+    identity, zeros = 2 * NE, 2 * NE + 1
+    origin = list(range(N)) + [-1] * G
+    parent = [-1] * (N + G)
+    edge_code = [-1] * (N + G)
+    children: list[list[int]] = [[] for _ in range(N + G)]
+    for t, e in enumerate(graph._edge_lists()):
+        p, pe, flip = _root_forest(n, e)
+        for v in range(n):
+            s = t * n + v
+            if p[v] >= 0:
+                parent[s], edge_code[s] = t * n + p[v], t * E + pe[v] + (NE if flip[v] else 0)
+            else:
+                parent[s], edge_code[s] = N + t, zeros
+            children[parent[s]].append(s)
+
+    def binarise(p: int, kids: list[int]) -> list[int]:
+        """p keeps at most two children; larger groups hang under dummies that copy p's state."""
+        if len(kids) <= 2:
+            return kids
+        out = []
+        for half in (kids[: len(kids) // 2], kids[len(kids) // 2:]):
+            if len(half) == 1:
+                out.append(half[0])
+                continue
+            d = len(origin)
+            origin.append(origin[p])
+            parent.append(p)
+            edge_code.append(identity)
+            children.append([])
+            for c in half:
+                parent[c] = d
+            children[d] = binarise(d, half)
+            out.append(d)
+        return out
+
+    for s in range(N + G):
+        children[s] = binarise(s, children[s])
+    return _levels(origin, parent, edge_code, children, N, G)
+
+
+def _levels(origin, parent, edge_code, children, N, G) -> _KBestSchedule:
+    """Group the binarised forest by depth (deepest first)."""
+    M = len(origin)
+    kids = np.full((M, 2), M)
+    slot = np.zeros(M, dtype=np.int64)
+    for s, cs in enumerate(children):
+        kids[s, : len(cs)] = cs
+        slot[cs] = np.arange(len(cs))
+    by_depth, frontier = [], list(range(N, N + G))
+    while frontier:
+        by_depth.append(frontier)
+        frontier = [c for s in frontier for c in children[s]]
+    as_long = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64))  # noqa: E731
+    levels = tuple(
+        _Level(as_long(nodes), as_long(np.asarray(parent)[nodes]), as_long(slot[nodes]), as_long(kids[nodes]))
+        for nodes in reversed(by_depth)
+    )
+    return _KBestSchedule(M, N, as_long(origin), as_long(edge_code), levels, as_long(list(range(N, N + G))))
+
+
+# ---------------------------------------------------------------------- the dynamic program
+def _augment(pot: Potentials, sched: _KBestSchedule, exclude: torch.Tensor | None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Potentials on the binarised forest: unary [M, B, K], parent-edge matrices [M, B, K, K]
+    (x_parent, x_v), and the excluded assignment per slot [M, B] (None: nothing excluded)."""
+    u, p, batch = _slot_major(pot)
+    N, B, K = u.shape
+    M, G = sched.num_slots, len(sched.roots)
+    root_u = u.new_full((G, B, K), _NEG)
+    root_u[..., 0] = 0.0  # a super-root has a single state
+    u_aug = torch.cat([u, root_u, u.new_zeros(M - N - G, B, K)])
+    identity = torch.full((K, K), _NEG, dtype=u.dtype, device=u.device).fill_diagonal_(0.0)
+    table = torch.cat([p, p.transpose(-1, -2), identity.expand(1, B, K, K), u.new_zeros(1, B, K, K)])
+    p_aug = table[sched.edge_code.clamp(min=0)]
+    if exclude is None:
+        return u_aug, p_aug, None
+    y = pot.check_labels(exclude, "exclude")
+    y = torch.broadcast_to(y, (*batch, y.shape[-1])).reshape(B, -1).T  # [n, B]
+    y = y.repeat(N // y.shape[0], 1)  # every graph of an ensemble excludes the same assignment
+    y_aug = torch.where((sched.origin >= 0)[:, None], y[sched.origin.clamp(min=0)], 0)
+    return u_aug, p_aug, y_aug
+
+
+def _slot_major(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor, torch.Size]:
+    """unary [N, B, K], pairwise [NE, B, K, K] over the node / edge slots of all graphs, and *B."""
+    u, p = pot.expanded()
+    K = pot.num_states
+    u = u.reshape(-1, pot.graph.num_graphs * pot.graph.num_nodes, K)
+    p = p.reshape(u.shape[0], -1, K, K)
+    return u.transpose(0, 1), p.transpose(0, 1), pot.batch_shape
+
+
+def _gather(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """t [S, B, *rest] flattened over rest, gathered at idx [S, B, k] -> [S, B, k]."""
+    return t.flatten(2).gather(-1, idx)
+
+
+def _kbest_program(u: torch.Tensor, p: torch.Tensor, y_hat: torch.Tensor | None, sched: _KBestSchedule, k: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores [G, B, k] and assignments [M, B, k] of the k best, upward lists then backtracking."""
+    M, B, K = u.shape
+    k1 = k + 1  # k regular entries + the special one (y_hat's restriction to the subtree)
+    msgs = u.new_full((M + 1, B, K, k1), _NEG)
+    msgs[M, ..., k] = 0.0  # a missing child: only the empty "special" entry
+    arg_pair = torch.zeros(M, B, K, k, dtype=torch.long, device=u.device)
+    arg_msg = torch.zeros_like(arg_pair)
+    for level in sched.levels:
+        v = level.node
+        m1, m2 = msgs[level.child[:, 0]], msgs[level.child[:, 1]]
+        cand = m1[..., :, None] + m2[..., None, :]  # [S, B, K, k1, k1]
+        special = u.new_full(cand.shape[:2], _NEG)
+        if y_hat is not None:
+            hat = y_hat[v]
+            special = (cand[..., k, k] + u[v]).gather(-1, hat[..., None]).squeeze(-1)  # score of y_hat's restriction
+            is_hat = torch.nn.functional.one_hot(hat, K).bool()
+            cand[..., k, k] = cand[..., k, k].masked_fill(is_hat, _NEG)  # y_hat itself is not a candidate
+        top, arg_pair[v] = cand.flatten(-2).topk(k, -1)
+        lists = top + u[v][..., None]  # [S, B, K, k]: best completions of the subtree given x_v
+        if level is sched.levels[-1]:  # super-roots: the final k best over (x_root, rank)
+            scores, arg = lists.flatten(-2).topk(k, -1)
+            return scores, _backtrack(sched, arg, arg_pair, arg_msg, y_hat, k)
+        pm = p[v]
+        reg, arg_msg[v] = (pm[..., :, :, None] + lists[..., None, :, :]).flatten(-2).topk(k, -1)  # eq. of Sec. 4.1
+        sp = pm.gather(-1, hat[..., None, None].expand(*hat.shape, K, 1)).squeeze(-1) + special[..., None] \
+            if y_hat is not None else special[..., None].expand(-1, -1, K)
+        msgs[v] = torch.cat([reg, sp[..., None]], -1)
+    raise AssertionError("unreachable: the last level holds the super-roots")
+
+
+def _backtrack(sched: _KBestSchedule, arg: torch.Tensor, arg_pair: torch.Tensor, arg_msg: torch.Tensor,
+               y_hat: torch.Tensor | None, k: int) -> torch.Tensor:
+    """States x [M, B, k] of the k best: top-down, each slot's (state, rank) from its parent's choice.
+
+    Rank k means "special": the whole subtree follows y_hat.
+    """
+    M, B = arg_pair.shape[:2]
+    k1 = k + 1
+    x = torch.zeros(M, B, k, dtype=torch.long, device=arg.device)
+    r = torch.zeros_like(x)
+    x[sched.roots], r[sched.roots] = arg // k, arg % k
+    for level in reversed(sched.levels[:-1]):
+        v, par = level.node, level.parent
+        xp, rp = x[par], r[par]
+        pair = _gather(arg_pair[par], xp * k + rp.clamp(max=k - 1))
+        i = torch.where(level.slot[:, None, None] == 0, pair // k1, pair % k1)
+        flat = _gather(arg_msg[v], xp * k + i.clamp(max=k - 1))
+        special = (rp == k) | (i == k)
+        hat = y_hat[v][..., None].expand_as(flat) if y_hat is not None else torch.zeros_like(flat)
+        x[v] = torch.where(special, hat, flat // k)
+        r[v] = torch.where(special, k, flat % k)
+    return x
+
+
+# ---------------------------------------------------------------------- public ops
+def tree_kbest(pot: Potentials, k: int, exclude: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best distinct assignments of a tree or forest, descending.
+
+    Returns scores [*B, k] and ys [*B, k, n] (ensembles: [*B, T, k], [*B, T, k, n]). Where fewer
+    than k (possible) assignments exist, the remaining scores are -inf and their ys unspecified.
+    exclude: LongTensor [*B, n] or None; that one assignment is left out of every list (inside
+    the dynamic program), e.g. the true labelling when searching for the worst violator.
+    """
+    if not isinstance(pot, Potentials):
+        raise TypeError(f"tree_kbest expects a structtorch.Potentials, got {type(pot).__name__}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    pot.graph.require_forest("tree_kbest")
+    sched = _kbest_schedule(pot.graph, pot.device)
+    with torch.no_grad():
+        u, p, y_hat = _augment(pot, sched, exclude)
+        scores, x = _kbest_program(u, p, y_hat, sched, k)
+    g, batch = pot.graph, pot.batch_shape
+    ys = x[: sched.num_original].permute(1, 2, 0)  # [B, k, N]
+    if g.is_ensemble:
+        T, n = g.num_graphs, g.num_nodes
+        return (scores.permute(1, 0, 2).reshape(*batch, T, k),
+                ys.reshape(-1, k, T, n).transpose(1, 2).reshape(*batch, T, k, n))
+    return scores.reshape(*batch, k), ys.reshape(*batch, k, g.num_nodes)
+
+
+def ensemble_map(pot: Potentials, k: int, k_max: int | None = None, exclude: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MAP of the mean score of T trees on the same labels, by K-best lists (RTA, Sec. 4.1).
+
+    pot: an ensemble (graph edges [T, n-1, 2], pairwise [*B, T, n-1, K, K], unary [*B, n, K]
+    or [*B, T, n, K]). Candidates are the union of every tree's k best, each scored on the whole
+    ensemble in one batched gather; the best is returned with Lemma 7's certificate: it is the
+    exact maximiser when its ensemble score >= the mean over trees of each tree's k-th best.
+    With ``k_max``, k doubles for the uncertified examples only, until certified or k_max.
+    ``exclude`` [*B, n] leaves one assignment out (the worst-violator search of training).
+
+    Returns (y [*B, n], score [*B], certified bool [*B], k used LongTensor [*B]).
+    """
+    if not isinstance(pot, Potentials) or not pot.graph.is_ensemble:
+        raise ValueError("ensemble_map needs Potentials on an ensemble graph (edges [T, n-1, 2])")
+    k_max = k if k_max is None else k_max
+    if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < k:
+        raise ValueError(f"k_max must be an int >= k={k}, got {k_max!r}")
+    u, p = pot.expanded()
+    batch, n = pot.batch_shape, pot.graph.num_nodes
+    u, p = u.reshape(-1, *u.shape[-3:]), p.reshape(-1, *p.shape[-4:])
+    ex = None if exclude is None else torch.broadcast_to(pot.check_labels(exclude, "exclude"), (*batch, n))
+    ex = None if ex is None else ex.reshape(-1, n)
+    B = u.shape[0]
+    y = torch.zeros(B, n, dtype=torch.long, device=u.device)
+    score = u.new_full((B,), _NEG)
+    certified = torch.zeros(B, dtype=torch.bool, device=u.device)
+    k_used = torch.zeros(B, dtype=torch.long, device=u.device)
+    todo = torch.arange(B, device=u.device)
+    while True:
+        sub = Potentials(u[todo], p[todo], pot.graph)
+        y[todo], score[todo], certified[todo] = _ensemble_candidates(sub, k, None if ex is None else ex[todo])
+        k_used[todo] = k
+        todo = todo[~certified[todo]]
+        if len(todo) == 0 or k >= k_max:
+            break
+        k = min(2 * k, k_max)
+    return y.reshape(*batch, n), score.reshape(batch), certified.reshape(batch), k_used.reshape(batch)
+
+
+def _ensemble_candidates(pot: Potentials, k: int, exclude: torch.Tensor | None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Best of the union of the trees' k-best lists, its mean score and Lemma 7's certificate; batch [B]."""
+    tree_scores, ys = tree_kbest(pot, k, exclude)  # [B, T, k], [B, T, k, n]
+    B, T, _, n = ys.shape
+    cand = ys.reshape(B, T * k, n)
+    ens = pot.score(cand.transpose(0, 1)).mean(-1).T  # [B, T*k]: every candidate on every tree
+    ens = ens.masked_fill(torch.isneginf(tree_scores.reshape(B, T * k)), _NEG)  # padding, not candidates
+    best, idx = ens.max(-1)
+    bound = tree_scores[..., -1].mean(-1)  # Lemma 7: mean over trees of the k-th best
+    y = cand.gather(1, idx[:, None, None].expand(B, 1, n)).squeeze(1)
+    return y, best, best >= bound
