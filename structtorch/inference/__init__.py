@@ -1,6 +1,7 @@
 """Inference ops on batched ``Potentials``: exact on trees, brute force, K-best, smoothed LP."""
 
 from .exact import brute_force_kbest, brute_force_logz, brute_force_map, brute_force_marginals
+from .kbest import ensemble_map, tree_kbest
 from .tree import tree_logz, tree_map, tree_marginals, tree_sample
 
 __all__ = [
@@ -8,6 +9,8 @@ __all__ = [
     "brute_force_logz",
     "brute_force_map",
     "brute_force_marginals",
+    "ensemble_map",
+    "tree_kbest",
     "tree_logz",
     "tree_map",
     "tree_marginals",
