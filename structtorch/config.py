@@ -1,0 +1,113 @@
+"""Structured (dataclass) configs for Hydra: a typo in a key fails with Hydra's error.
+
+Each YAML file under ``conf/`` extends one of the schemas registered here (``defaults: [<schema>]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+__all__ = ["Config", "ModelConfig", "FixedTreeConfig", "MulanDataConfig", "SyntheticDataConfig", "TrainerConfig",
+           "register_configs"]
+
+
+@dataclass
+class ModelConfig:
+    """Common learner options (see ``StructuredLearner``)."""
+
+    name: str = MISSING  # key of structtorch.learners.LEARNERS
+    loss: str = "hinge"
+    train_inference: str = "tree_map"
+    test_inference: str = "tree_map"
+    l2: float = 1e-3
+    optimizer: str = "adam"
+    lr: float = 0.01
+    lr_schedule: str = "cosine"
+    margin_scale: float = 1.0
+
+
+@dataclass
+class FixedTreeConfig(ModelConfig):
+    """FixedTree: ``tree`` is "chow_liu" (max spanning tree of label mutual information on the
+    training labels), "chain", "star" or "empty"."""
+
+    tree: str = "chow_liu"
+
+
+@dataclass
+class MulanDataConfig:
+    """A Mulan dataset laid out as ``<root>/<name>/<name>-train.arff, -test.arff, <name>.xml``."""
+
+    kind: str = "mulan"
+    name: str = MISSING
+    root: str = "${oc.env:STRUCTTORCH_MULAN_ROOT,../shared/data/mulan}"
+    batch_size: int = 64
+    val_fraction: float = 0.1
+    seed: int = 0
+    num_folds: Any = None  # int or None: k-fold over train+test
+    fold: int = 0
+    num_workers: int = 0
+    standardize: bool = True
+    test_fraction: float = 0.3
+    num_labels: Any = None  # int or None: labels = last L attributes when there is no XML
+
+
+@dataclass
+class SyntheticDataConfig:
+    """The synthetic CRANK data (no files needed)."""
+
+    kind: str = "synthetic"
+    num_train: int = 1000
+    num_test: int = 1000
+    num_labels: int = 10
+    num_features: int = 4
+    batch_size: int = 64
+    val_fraction: float = 0.1
+    seed: int = 0
+    num_folds: Any = None
+    fold: int = 0
+    num_workers: int = 0
+    standardize: bool = False
+    pairwise_scale: Any = None
+
+
+@dataclass
+class TrainerConfig:
+    """Options passed to ``lightning.Trainer`` (a subset; add more as needed)."""
+
+    accelerator: str = "cpu"
+    devices: Any = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    max_epochs: int = 60
+    precision: str = "32-true"
+    log_every_n_steps: int = 10
+    deterministic: bool = False
+    enable_progress_bar: bool = True
+    enable_checkpointing: bool = True
+    gradient_clip_val: Any = None
+
+
+@dataclass
+class Config:
+    model: Any = MISSING
+    data: Any = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    seed: int = 0
+    ckpt_path: Any = None  # resume from this checkpoint
+    logger: str = "tensorboard"  # "tensorboard", "csv" or "none"
+    test: bool = True
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="model", name="fixed_tree_schema", node=FixedTreeConfig)
+    cs.store(group="data", name="mulan_schema", node=MulanDataConfig)
+    cs.store(group="data", name="synthetic_schema", node=SyntheticDataConfig)
+    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)

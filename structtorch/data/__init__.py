@@ -1,0 +1,37 @@
+"""Data: ARFF / Mulan loading, the synthetic CRANK generator, and LightningDataModules.
+
+Batches are tuples ``(x [B, D] float32, y [B, L] int64 in {0, 1})``.
+"""
+
+from .arff import ArffAttribute, ArffData, load_arff
+from .datamodule import (
+    MultilabelDataModule,
+    Standardizer,
+    SyntheticDataModule,
+    kfold_indices,
+    train_val_indices,
+)
+from .mulan import MULAN_URL, MulanData, arff_to_multilabel, load_mulan, load_mulan_splits, read_mulan_labels
+from .synthetic import CrankSynthetic, crank_potentials, crank_synthetic, pruefer_decode, random_tree
+
+__all__ = [
+    "MULAN_URL",
+    "ArffAttribute",
+    "ArffData",
+    "CrankSynthetic",
+    "MulanData",
+    "MultilabelDataModule",
+    "Standardizer",
+    "SyntheticDataModule",
+    "arff_to_multilabel",
+    "crank_potentials",
+    "crank_synthetic",
+    "kfold_indices",
+    "load_arff",
+    "load_mulan",
+    "load_mulan_splits",
+    "pruefer_decode",
+    "random_tree",
+    "read_mulan_labels",
+    "train_val_indices",
+]

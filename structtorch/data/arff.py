@@ -1,0 +1,226 @@
+"""Reading Weka ARFF files (dense and sparse) into numpy arrays, with errors that name file and line.
+
+Parsing is done by liac-arff. Dense files are decoded row by row; files whose data rows are
+all sparse (``{index value, ...}``) are decoded in liac-arff's COO mode, so no Python object
+per zero entry is ever built. Every liac-arff error is re-raised as a ``ValueError`` of the form
+``"<path>, line <k>: <what went wrong>"``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import arff as liac_arff
+import numpy as np
+
+__all__ = ["ArffAttribute", "ArffData", "load_arff"]
+
+_DATA_RE = re.compile(r"^@data\b", re.IGNORECASE)
+_HINTS = {
+    "BadDataFormat": "wrong number of values in a dense row, or a sparse index out of range",
+    "BadNumericalValue": "a numeric attribute got a value that is not a number",
+    "BadNominalValue": "a nominal attribute got a value not in its declaration",
+    "BadAttributeType": "supported types: NUMERIC, REAL, INTEGER, STRING, nominal {...}",
+}
+
+
+@dataclass(frozen=True)
+class ArffAttribute:
+    """One ``@attribute`` declaration.
+
+    kind: ``"numeric"`` (NUMERIC / REAL / INTEGER), ``"nominal"`` or ``"string"``.
+    values: the declared nominal values, in order (empty for other kinds).
+    """
+
+    name: str
+    kind: str
+    values: tuple[str, ...] = ()
+
+    @property
+    def is_binary_nominal(self) -> bool:
+        """A nominal attribute declared over (a subset of) ``{0, 1}``: the Mulan label type."""
+        return self.kind == "nominal" and 0 < len(self.values) <= 2 and set(self.values) <= {"0", "1"}
+
+    @property
+    def is_numeric_nominal(self) -> bool:
+        """A nominal attribute whose declared values all parse as numbers (e.g. ``{0,1}``)."""
+        return self.kind == "nominal" and len(self.values) > 0 and all(_is_number(v) for v in self.values)
+
+
+@dataclass
+class ArffData:
+    """A parsed ARFF file.
+
+    values: float64 [N, A]. Numeric attributes hold their value, nominal attributes the index of
+        the value in ``attributes[j].values``; missing values (``?``) and string attributes are NaN.
+        Sparse rows: omitted entries are 0 (numeric) / the first declared value (nominal).
+    strings: raw values of the string attributes, by attribute name (lists of length N,
+        None where missing).
+    lines: int64 [N], the 1-based line number of every data row in the file.
+    sparse: True when the data rows are in sparse ``{index value, ...}`` form.
+    """
+
+    path: str
+    relation: str
+    attributes: list[ArffAttribute]
+    values: np.ndarray
+    lines: np.ndarray
+    sparse: bool
+    strings: dict[str, list[str | None]] = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.values.shape[0])
+
+    @property
+    def names(self) -> list[str]:
+        return [a.name for a in self.attributes]
+
+    def nominal_value(self, column: int) -> np.ndarray:
+        """The declared nominal value (str, None where missing) of every row of ``column``: [N]."""
+        attr = self.attributes[column]
+        if attr.kind != "nominal":
+            raise ValueError(f"attribute {attr.name!r} is {attr.kind}, not nominal")
+        table = np.array([*attr.values, None], dtype=object)
+        idx = self.values[:, column]
+        return table[np.where(np.isnan(idx), len(attr.values), idx).astype(np.int64)]
+
+
+def load_arff(path: str | os.PathLike) -> ArffData:
+    """Parse a dense or sparse ARFF file.
+
+    Raises FileNotFoundError if ``path`` does not exist, and ValueError naming the file and the
+    line number for a malformed file (bad value, wrong number of columns, missing ``@data``,
+    bad ``@attribute`` line, unsupported attribute type such as DATE, ...).
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"ARFF file not found: {os.path.abspath(path)}")
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().split("\n")
+    data_at = _data_section_start(lines, path)
+    row_lines = _data_row_lines(lines, data_at)
+    sparse = bool(row_lines.size) and lines[row_lines[0] - 1].lstrip().startswith("{")
+    obj = _decode(lines, path, sparse)
+    attributes = [_attribute(name, kind) for name, kind in obj["attributes"]]
+    if sparse and isinstance(obj["data"], tuple):
+        values, strings = _from_coo(obj["data"], attributes, len(row_lines))
+    else:
+        values, strings = _from_dense(obj["data"], attributes, row_lines, path)
+    return ArffData(path, obj["relation"], attributes, values, row_lines, sparse, strings)
+
+
+# ---------------------------------------------------------------------- parsing helpers
+def _data_section_start(lines: list[str], path: str) -> int:
+    """0-based index of the ``@data`` line; ValueError if there is none."""
+    for i, line in enumerate(lines):
+        if _DATA_RE.match(line.strip()):
+            return i
+    last = max(1, len(lines) - (lines[-1] == ""))
+    raise ValueError(f"{path}, line {last}: malformed ARFF file: no '@data' line found before the end "
+                     f"of the file (expected '@relation', '@attribute' lines, then '@data' and the rows)")
+
+
+def _data_row_lines(lines: list[str], data_at: int) -> np.ndarray:
+    """1-based line numbers of the data rows (non-empty, non-comment lines after ``@data``)."""
+    rows = [i + 1 for i in range(data_at + 1, len(lines))
+            if lines[i].strip() and not lines[i].strip().startswith("%")]
+    return np.asarray(rows, dtype=np.int64)
+
+
+def _decode(lines: list[str], path: str, sparse: bool) -> dict:
+    """liac-arff decode; COO for sparse files (falls back to dense rows for mixed files)."""
+    modes = (liac_arff.COO, liac_arff.DENSE) if sparse else (liac_arff.DENSE,)
+    for k, mode in enumerate(modes):
+        decoder = liac_arff.ArffDecoder()
+        try:
+            return decoder.decode(iter(lines), encode_nominal=True, return_type=mode)
+        except liac_arff.BadLayout:
+            if k + 1 < len(modes):
+                continue  # a dense row inside a sparse file: COO refuses it, dense mode does not
+            raise _located(path, decoder, "malformed ARFF file (invalid layout)") from None
+        except liac_arff.ArffException as err:
+            raise _located(path, decoder, _describe(err)) from None
+        except (ValueError, KeyError, IndexError, TypeError, OverflowError) as err:
+            raise _located(path, decoder, f"malformed ARFF file ({type(err).__name__}: {err})") from None
+    raise AssertionError("unreachable")
+
+
+def _located(path: str, decoder: liac_arff.ArffDecoder, message: str) -> ValueError:
+    line = getattr(decoder, "_current_line", -1)
+    return ValueError(f"{path}, line {line}: {message}")
+
+
+def _describe(err: liac_arff.ArffException) -> str:
+    """liac-arff's message without its own ', at line k.' suffix (we put the line up front)."""
+    text = re.sub(r",? (?:at|in) line -?\d+([.:]?)", lambda m: ":" if m.group(1) == ":" else "",
+                  str(err)).strip()
+    hint = _HINTS.get(type(err).__name__)
+    return f"malformed ARFF file: {text}" + (f" ({hint})" if hint else "")
+
+
+def _attribute(name: str, kind: str | list) -> ArffAttribute:
+    if isinstance(kind, (list, tuple)):
+        return ArffAttribute(name, "nominal", tuple(str(v) for v in kind))
+    if kind.upper() == "STRING":
+        return ArffAttribute(name, "string")
+    return ArffAttribute(name, "numeric")
+
+
+def _from_dense(rows: list[list], attributes: list[ArffAttribute], row_lines: np.ndarray,
+                path: str) -> tuple[np.ndarray, dict[str, list]]:
+    """Rows of python values -> (values [N, A] float64, strings)."""
+    A = len(attributes)
+    obj = np.empty((len(rows), A), dtype=object)
+    if rows:
+        obj[:] = rows
+    values = np.full((len(rows), A), np.nan)
+    strings: dict[str, list] = {}
+    for j, attr in enumerate(attributes):
+        col = obj[:, j]
+        if attr.kind == "string":
+            strings[attr.name] = [None if v is None else str(v) for v in col]
+            continue
+        # liac-arff has already converted numbers to float and nominals to int; a str left over
+        # is a value it failed to convert (it swallows some conversion errors, e.g. INTEGER "nan")
+        bad = np.flatnonzero([isinstance(v, str) for v in col])
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"{path}, line {row_lines[i]}: malformed ARFF file: value {col[i]!r} of "
+                             f"{attr.kind} attribute {attr.name!r} could not be converted")
+        present = ~np.equal(col, None)
+        values[present, j] = col[present].astype(np.float64)
+    return values, strings
+
+
+def _from_coo(coo: tuple[list, list, list], attributes: list[ArffAttribute],
+              num_rows: int) -> tuple[np.ndarray, dict[str, list]]:
+    """liac-arff COO triplets -> (values [N, A] float64, strings); omitted entries are 0."""
+    data, rows, cols = coo
+    values = np.zeros((num_rows, len(attributes)))
+    string_cols = {j for j, a in enumerate(attributes) if a.kind == "string"}
+    strings: dict[str, list] = {attributes[j].name: [""] * num_rows for j in string_cols}
+    for j in string_cols:
+        values[:, j] = np.nan
+    keep = []
+    for k, (v, r, c) in enumerate(zip(data, rows, cols)):
+        if c in string_cols:
+            strings[attributes[c].name][r] = None if v is None else str(v)
+        else:
+            keep.append(k)
+    if keep:
+        idx = np.asarray(keep)
+        vals = np.asarray(data, dtype=object)[idx]
+        vals = np.where(np.equal(vals, None), np.nan, vals).astype(np.float64)
+        values[np.asarray(rows)[idx], np.asarray(cols)[idx]] = vals
+    return values, strings
+
+
+def _is_number(v: object) -> bool:
+    try:
+        float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True

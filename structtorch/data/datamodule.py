@@ -1,0 +1,258 @@
+"""LightningDataModules for multi-label data: Mulan ARFF datasets and the synthetic CRANK data.
+
+Batches are tuples ``(x [B, D] float32, y [B, L] int64)`` from a ``TensorDataset``.
+``num_features`` / ``num_labels`` (and ``train_tensors``) can be read before any Trainer runs:
+they call ``setup()`` on first access, which is idempotent and independent of ``stage``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler, TensorDataset
+
+from .mulan import load_mulan_splits
+from .synthetic import crank_synthetic
+
+__all__ = ["EpochShuffle", "MultilabelDataModule", "Standardizer", "SyntheticDataModule", "kfold_indices",
+           "train_val_indices"]
+
+DEFAULT_MULAN_ROOT = os.environ.get("STRUCTTORCH_MULAN_ROOT", "data/mulan")
+
+
+@dataclass
+class Standardizer:
+    """Per-feature affine standardisation ``(x - mean) / std`` fitted on training data only.
+
+    mean, std: [D]. Features constant on the training set (std < eps) get std = 1, so they map
+    to 0 instead of blowing up. Missing values (NaN) are ignored by ``fit`` and imputed with the
+    training mean by ``transform`` / ``impute`` (0 after standardisation).
+    """
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    @classmethod
+    def fit(cls, x: torch.Tensor, eps: float = 1e-8) -> Standardizer:
+        """Statistics of x [N, D] (population std, NaN ignored)."""
+        if x.dim() != 2 or x.shape[0] == 0:
+            raise ValueError(f"Standardizer.fit needs x of shape [N >= 1, D], got {tuple(x.shape)}")
+        x = x.to(torch.float64)
+        mean = torch.nan_to_num(x.nanmean(0), nan=0.0)
+        var = torch.nan_to_num((x - mean).square().nanmean(0), nan=1.0)
+        std = var.sqrt()
+        std = torch.where(std < eps, torch.ones_like(std), std)
+        return cls(mean.float(), std.float())
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        """Standardised x [N, D] (float32); NaN -> 0 (the training mean)."""
+        return torch.nan_to_num((x.float() - self.mean) / self.std, nan=0.0)
+
+    def impute(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, D] with NaN replaced by the training mean, otherwise unchanged."""
+        return torch.where(torch.isnan(x), self.mean.to(x.dtype), x)
+
+
+def train_val_indices(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded random split of range(n): (train_idx, val_idx), each sorted, val of size
+    round(val_fraction * n) (at least 1 when val_fraction > 0, and leaving at least 1 for training)."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must lie in [0, 1), got {val_fraction}")
+    if n < 1:
+        raise ValueError("cannot split an empty training set into train and validation")
+    n_val = 0 if val_fraction == 0 else min(n - 1, max(1, round(val_fraction * n)))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return perm[n_val:].sort().values, perm[:n_val].sort().values
+
+
+def kfold_indices(n: int, num_folds: int, fold: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold ``fold`` of a seeded k-fold partition of range(n): (rest_idx, fold_idx), each sorted.
+
+    The k folds are disjoint, cover range(n), and differ in size by at most one.
+    """
+    if isinstance(num_folds, bool) or not isinstance(num_folds, int) or not 2 <= num_folds <= n:
+        raise ValueError(f"num_folds must be an int in [2, n={n}], got {num_folds!r}")
+    if isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < num_folds:
+        raise ValueError(f"fold must be an int in [0, num_folds={num_folds}), got {fold!r}")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    member = torch.from_numpy(np.arange(n) % num_folds)  # fold of perm[k]
+    in_fold = torch.zeros(n, dtype=torch.bool)
+    in_fold[perm[member == fold]] = True
+    return in_fold.logical_not().nonzero().squeeze(1), in_fold.nonzero().squeeze(1)
+
+
+class EpochShuffle(Sampler[int]):
+    """A random permutation per epoch drawn from (seed, epoch) alone, so a run resumed from a
+    checkpoint sees exactly the batches of an uninterrupted one (Lightning calls ``set_epoch``)."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return iter(torch.randperm(self.n, generator=gen).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class _TensorDataModule(L.LightningDataModule):
+    """Shared logic: split train/val (seeded), optional k-fold, standardise, build loaders.
+
+    Subclasses implement ``_load() -> (x_train, y_train, x_test, y_test, feature_names, label_names)``.
+    """
+
+    def __init__(self, batch_size: int, val_fraction: float, seed: int, num_folds: int | None, fold: int,
+                 num_workers: int, standardize: bool) -> None:
+        super().__init__()
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must lie in [0, 1), got {val_fraction}")
+        if num_folds is not None and (not isinstance(num_folds, int) or num_folds < 2):
+            raise ValueError(f"num_folds must be None or an int >= 2, got {num_folds!r}")
+        if num_folds is not None and not 0 <= fold < num_folds:
+            raise ValueError(f"fold must lie in [0, num_folds={num_folds}), got {fold!r}")
+        self.batch_size, self.val_fraction, self.seed = batch_size, val_fraction, seed
+        self.num_folds, self.fold = num_folds, fold
+        self.num_workers, self.standardize = num_workers, standardize
+        self.standardizer: Standardizer | None = None
+        self.feature_names: list[str] = []
+        self.label_names: list[str] = []
+        self.data_train: TensorDataset | None = None
+        self.data_val: TensorDataset | None = None
+        self.data_test: TensorDataset | None = None
+
+    def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[str], list[str]]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, stage: str | None = None) -> None:
+        """Load, split and standardise once (idempotent; ``stage`` is ignored)."""
+        if self.data_train is not None:
+            return
+        x_tr, y_tr, x_te, y_te, self.feature_names, self.label_names = self._load()
+        if self.num_folds is not None:
+            x_all, y_all = torch.cat([x_tr, x_te]), torch.cat([y_tr, y_te])
+            rest, test = kfold_indices(len(x_all), self.num_folds, self.fold, self.seed)
+            x_tr, y_tr, x_te, y_te = x_all[rest], y_all[rest], x_all[test], y_all[test]
+        tr, va = train_val_indices(len(x_tr), self.val_fraction, self.seed)
+        x_va, y_va, x_tr, y_tr = x_tr[va], y_tr[va], x_tr[tr], y_tr[tr]
+        self.standardizer = Standardizer.fit(x_tr)
+        prep = self.standardizer.transform if self.standardize else self.standardizer.impute
+        self.data_train = TensorDataset(prep(x_tr), y_tr.long())
+        self.data_val = TensorDataset(prep(x_va), y_va.long())
+        self.data_test = TensorDataset(prep(x_te), y_te.long())
+
+    def _ready(self) -> None:
+        if self.data_train is None:
+            self.setup()
+
+    @property
+    def num_features(self) -> int:
+        """D (runs ``setup()`` if needed)."""
+        self._ready()
+        return int(self.data_train.tensors[0].shape[1])
+
+    @property
+    def num_labels(self) -> int:
+        """L (runs ``setup()`` if needed)."""
+        self._ready()
+        return int(self.data_train.tensors[1].shape[1])
+
+    @property
+    def train_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole (preprocessed) training set: x [N, D] float32, y [N, L] int64."""
+        self._ready()
+        return self.data_train.tensors
+
+    @property
+    def val_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self._ready()
+        return self.data_val.tensors
+
+    @property
+    def test_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self._ready()
+        return self.data_test.tensors
+
+    # ------------------------------------------------------------------ loaders
+    def _loader(self, data: TensorDataset, shuffle: bool) -> DataLoader:
+        sampler = EpochShuffle(len(data), self.seed) if shuffle else None
+        return DataLoader(data, batch_size=self.batch_size, sampler=sampler,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        self._ready()
+        return self._loader(self.data_train, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader | list:
+        """The validation loader; an empty list (Lightning skips validation) when val_fraction == 0."""
+        self._ready()
+        return self._loader(self.data_val, shuffle=False) if len(self.data_val) else []
+
+    def test_dataloader(self) -> DataLoader:
+        self._ready()
+        return self._loader(self.data_test, shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.test_dataloader()
+
+
+class MultilabelDataModule(_TensorDataModule):
+    """A Mulan multi-label dataset (``<root>/<name>/<name>-train.arff``, ``-test.arff``, ``.xml``).
+
+    Default protocol: train/val split of the train file (``val_fraction``, seeded), test = the
+    official test file. With ``num_folds`` (e.g. 5 for RTA's protocol) train and test files are
+    pooled and fold ``fold`` of a seeded k-fold partition is the test set; validation is then
+    split from the remaining folds. Standardisation statistics come from the final training part
+    only. ``test_fraction`` splits off a test set (seeded) for datasets without a test file;
+    ``num_labels`` names the labels as the last L attributes for datasets without ``<name>.xml``.
+    """
+
+    def __init__(self, name: str = "emotions", root: str = DEFAULT_MULAN_ROOT, batch_size: int = 64,
+                 val_fraction: float = 0.1, seed: int = 0, num_folds: int | None = None, fold: int = 0,
+                 num_workers: int = 0, standardize: bool = True, test_fraction: float = 0.3,
+                 num_labels: int | None = None) -> None:
+        super().__init__(batch_size, val_fraction, seed, num_folds, fold, num_workers, standardize)
+        self.save_hyperparameters()
+        self.name, self.root = name, root
+        self.test_fraction, self._num_labels_arg = test_fraction, num_labels
+
+    def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[str], list[str]]:
+        d = load_mulan_splits(self.root, self.name, num_labels=self._num_labels_arg,
+                              test_fraction=self.test_fraction, seed=self.seed)
+        return d.x_train, d.y_train, d.x_test, d.y_test, d.feature_names, d.label_names
+
+
+class SyntheticDataModule(_TensorDataModule):
+    """The synthetic CRANK data (``crank_synthetic``): the project's built-in dataset, no files needed.
+
+    ``seed`` draws the model (tree + weights) and the data; the train/val split and shuffling use it
+    too. After ``setup()``, ``dataset`` holds the full ``CrankSynthetic`` (true tree, weights).
+    """
+
+    def __init__(self, num_train: int = 1000, num_test: int = 1000, num_labels: int = 10,
+                 num_features: int = 4, batch_size: int = 64, val_fraction: float = 0.1, seed: int = 0,
+                 num_folds: int | None = None, fold: int = 0, num_workers: int = 0, standardize: bool = False,
+                 pairwise_scale: float | None = None) -> None:
+        super().__init__(batch_size, val_fraction, seed, num_folds, fold, num_workers, standardize)
+        self.save_hyperparameters()
+        self.num_train, self.num_test = num_train, num_test
+        self._num_labels_arg, self._num_features_arg = num_labels, num_features
+        self.pairwise_scale = pairwise_scale
+        self.dataset = None
+
+    def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[str], list[str]]:
+        d = crank_synthetic(self.num_train, self.num_test, self._num_labels_arg, self._num_features_arg,
+                            seed=self.seed, pairwise_scale=self.pairwise_scale)
+        self.dataset = d
+        feats = [f"x{i}" for i in range(d.num_features)]
+        return d.x_train, d.y_train, d.x_test, d.y_test, feats, [f"y{i}" for i in range(d.num_labels)]
