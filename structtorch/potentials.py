@@ -162,6 +162,8 @@ class Potentials:
             pw = torch.gather(flat.expand(*shape, *flat.shape[-2:]), -1,
                               idx.expand(*shape, g.num_edges, 1))
             total = total + pw.squeeze(-1).sum(-1)
+        else:  # no edges: still broadcast against pairwise's batch (and T) dims
+            total = total + p.new_zeros(p.shape[:-3])
         return total
 
 

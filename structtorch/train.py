@@ -1,7 +1,7 @@
 """Hydra entry point: ``python -m structtorch.train model=<name> data=<name> trainer=<cpu|gpu|ddp>``.
 
 Trains a learner, tests it, prints the test metrics and writes ``metrics.json`` (test metrics in
-[0, 1], plus train / test seconds) into the Hydra run directory. TensorBoard logs go there too.
+[0, 1], the last validation metrics, train / test seconds) into the Hydra run directory. TensorBoard logs go there too.
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     trainer.fit(model, datamodule=dm, ckpt_path=cfg.ckpt_path)
     metrics: dict[str, Any] = {"train_seconds": time.perf_counter() - t0}
+    metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")})
     if cfg.test:
         t0 = time.perf_counter()
         results = trainer.test(model, datamodule=dm, verbose=False)

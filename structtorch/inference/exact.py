@@ -42,14 +42,20 @@ def brute_force_logz(pot: Potentials) -> torch.Tensor:
 
 
 def brute_force_marginals(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unary [*B, n, K] and pairwise [*B, E, K, K] marginals by enumeration."""
+    """Unary [*B, n, K] and pairwise [*B, E, K, K] marginals by enumeration.
+
+    Ensembles: per graph, [*B, T, n, K] and [*B, T, E, K, K]. Rows with no possible
+    assignment (log Z = -inf) get all-zero marginals.
+    """
     s, ys = _all_scores(pot)
     K = pot.num_states
-    p = torch.nan_to_num(torch.softmax(s, -1), nan=0.0)  # [*B, A]
+    p = torch.nan_to_num(torch.softmax(s, -1), nan=0.0)  # [*B, A] ([*B, T, A])
     oh = torch.nn.functional.one_hot(ys, K).to(p.dtype)  # [A, n, K]
     mu = torch.einsum("...a,ank->...nk", p, oh)
     e = pot.graph.edges.to(pot.device)
-    pair = oh[:, e[:, 0], :, None] * oh[:, e[:, 1], None, :]  # [A, E, K, K]
+    pair = oh[:, e[..., 0], :, None] * oh[:, e[..., 1], None, :]  # [A, (T,) E, K, K]
+    if pot.graph.is_ensemble:
+        return mu, torch.einsum("...ta,atekl->...tekl", p, pair)
     return mu, torch.einsum("...a,aekl->...ekl", p, pair)
 
 

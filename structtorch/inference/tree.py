@@ -257,7 +257,8 @@ def _marginal_tensors(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule
         mu, J = _marginals(U, tape, sched)
         possible = torch.isfinite(logz).to(mu.dtype)  # [G, B]: a graph with Z = 0 has no marginals
         mu_pair = _pair_from_joints(J, sched, pair.shape[0])
-    return mu * _per_slot(possible, mu.shape[0])[..., None], mu_pair * _per_slot(possible, mu_pair.shape[0])[..., None, None]
+    mu = mu * _per_slot(possible, mu.shape[0])[..., None]
+    return mu, mu_pair * _per_slot(possible, mu_pair.shape[0])[..., None, None]
 
 
 # ---------------------------------------------------------------------- public ops

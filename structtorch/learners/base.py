@@ -48,7 +48,7 @@ class StructuredLearner(L.LightningModule):
         loss: str = "hinge",
         train_inference: str | Callable = "tree_map",
         test_inference: str | Callable = "tree_map",
-        l2: float = 1e-3,
+        l2: float = 0.1,
         optimizer: str = "adam",
         lr: float = 0.01,
         lr_schedule: str = "cosine",

@@ -1,0 +1,196 @@
+"""Shared helpers and hypothesis strategies for the structtorch core tests.
+
+Test modules import the helpers with ``from conftest import ...`` (pytest puts ``tests/`` on
+``sys.path`` when it loads this file).
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from structtorch import Graph, Potentials
+
+# The tests run many tiny tensor ops: one intra-op thread avoids the thread-pool spin/wake costs
+# that dominate (and swing wildly) on a small or loaded machine.
+torch.set_num_threads(1)
+
+NEG_INF = float("-inf")
+BATCH_SHAPES = [(), (2,), (3,), (2, 3), (1, 2)]
+STATES = [2, 3, 4]
+
+
+# ---------------------------------------------------------------------- graphs
+@st.composite
+def tree_edges(draw, n: int) -> list[tuple[int, int]]:
+    """Edges of a tree on n nodes: random parent attachment, a path or a star, then randomly
+    relabelled, with random edge orientation and random edge order."""
+    if n == 1:
+        return []
+    shape = draw(st.sampled_from(["random", "path", "star"]))
+    if shape == "random":
+        parents = [draw(st.integers(0, i - 1)) for i in range(1, n)]
+    elif shape == "path":
+        parents = list(range(n - 1))
+    else:
+        parents = [0] * (n - 1)
+    edges = [(parents[i - 1], i) for i in range(1, n)]
+    label = draw(st.permutations(range(n)))
+    flips = draw(st.lists(st.booleans(), min_size=n - 1, max_size=n - 1))
+    edges = [(label[b], label[a]) if f else (label[a], label[b]) for (a, b), f in zip(edges, flips)]
+    order = draw(st.permutations(range(n - 1)))
+    return [edges[i] for i in order]
+
+
+@st.composite
+def forest_edges(draw, n: int) -> list[tuple[int, int]]:
+    """A tree with at least one edge dropped (when it has any), plus possibly more."""
+    edges = draw(tree_edges(n))
+    if not edges:
+        return edges
+    forced = draw(st.integers(0, len(edges) - 1))
+    keep = draw(st.lists(st.booleans(), min_size=len(edges), max_size=len(edges)))
+    return [e for i, (e, k) in enumerate(zip(edges, keep)) if k and i != forced]
+
+
+def edge_tensor(edges: list[tuple[int, int]]) -> torch.Tensor:
+    return torch.tensor(edges, dtype=torch.long).reshape(-1, 2)
+
+
+@st.composite
+def graphs(draw, min_nodes: int = 1, max_nodes: int = 8, forest: bool | None = None) -> Graph:
+    """A random tree (forest=False), a forest with >= 1 dropped edge (True), or either (None)."""
+    n = draw(st.integers(min_nodes, max_nodes))
+    if forest is None:
+        forest = draw(st.booleans())
+    edges = draw(forest_edges(n) if forest else tree_edges(n))
+    return Graph(n, edge_tensor(edges))
+
+
+# ---------------------------------------------------------------------- potentials
+def random_values(shape: tuple[int, ...], gen: torch.Generator, dtype: torch.dtype, ties: bool) -> torch.Tensor:
+    """Gaussian log-potentials, or small integers (many exact ties) when ties=True."""
+    if ties:
+        return torch.randint(-2, 3, shape, generator=gen).to(dtype)
+    return (1.5 * torch.randn(shape, generator=gen, dtype=torch.float64)).to(dtype)
+
+
+def sprinkle_neg_inf(t: torch.Tensor, gen: torch.Generator, prob: float) -> torch.Tensor:
+    """Set each entry to -inf with probability prob."""
+    if prob <= 0:
+        return t
+    mask = torch.rand(t.shape, generator=gen) < prob
+    return t.masked_fill(mask, NEG_INF)
+
+
+def make_potentials(graph: Graph, K: int, batch: tuple[int, ...] = (), dtype: torch.dtype = torch.float64,
+                    seed: int = 0, inf_prob: float = 0.0, ties: bool = False,
+                    per_graph_unary: bool = True) -> Potentials:
+    """Random potentials with full batch dims on unary and pairwise."""
+    gen = torch.Generator().manual_seed(seed)
+    n, E = graph.num_nodes, graph.num_edges
+    if graph.is_ensemble:
+        T = graph.num_graphs
+        ushape = (*batch, T, n, K) if per_graph_unary else (*batch, n, K)
+        pshape = (*batch, T, E, K, K)
+    else:
+        ushape, pshape = (*batch, n, K), (*batch, E, K, K)
+    unary = sprinkle_neg_inf(random_values(ushape, gen, dtype, ties), gen, inf_prob)
+    pair = sprinkle_neg_inf(random_values(pshape, gen, dtype, ties), gen, inf_prob)
+    return Potentials(unary, pair, graph)
+
+
+def kill_first_row(pot: Potentials, node: int) -> Potentials:
+    """Make batch row 0 impossible: node ``node`` gets -inf on every state (unary has the batch)."""
+    unary = pot.unary.clone()
+    idx = (0,) * (unary.dim() - 2)
+    unary[idx + (node,)] = NEG_INF
+    return Potentials(unary, pot.pairwise, pot.graph)
+
+
+@st.composite
+def potentials(draw, graph_strategy=None, batch_shapes=BATCH_SHAPES, dtypes=(torch.float64,),
+               broadcast: bool = True, impossible: bool = True) -> Potentials:
+    """Random Potentials on a random tree/forest: K in {2,3,4}, random batch shape, -inf entries,
+    sometimes an all-impossible batch row, sometimes unary or pairwise without batch dims."""
+    graph = draw(graph_strategy if graph_strategy is not None else graphs())
+    K = draw(st.sampled_from(STATES))
+    batch = draw(st.sampled_from(batch_shapes))
+    dtype = draw(st.sampled_from(dtypes))
+    pot = make_potentials(graph, K, batch, dtype, seed=draw(st.integers(0, 2**31 - 1)),
+                          inf_prob=draw(st.sampled_from([0.0, 0.0, 0.15, 0.4])), ties=draw(st.booleans()))
+    if impossible and draw(st.sampled_from([True, False, False])):
+        pot = kill_first_row(pot, draw(st.integers(0, graph.num_nodes - 1)))
+    if broadcast and batch:
+        mode = draw(st.sampled_from(["none", "none", "unary", "pairwise"]))
+        lead = (0,) * len(batch)
+        if mode == "unary":  # unary without batch dims
+            pot = Potentials(pot.unary[lead], pot.pairwise, graph)
+        elif mode == "pairwise":  # pairwise without batch dims
+            pot = Potentials(pot.unary, pot.pairwise[lead], graph)
+    return pot
+
+
+@st.composite
+def ensemble_graphs(draw, min_nodes: int = 1, max_nodes: int = 6, max_trees: int = 3) -> Graph:
+    """T random spanning trees on the same n nodes: edges [T, n-1, 2]."""
+    n = draw(st.integers(min_nodes, max_nodes))
+    T = draw(st.integers(1, max_trees))
+    trees = [edge_tensor(draw(tree_edges(n))) for _ in range(T)]
+    return Graph(n, torch.stack(trees))
+
+
+@st.composite
+def ensemble_potentials(draw, batch_shapes=BATCH_SHAPES) -> Potentials:
+    graph = draw(ensemble_graphs())
+    K = draw(st.sampled_from(STATES))
+    batch = draw(st.sampled_from(batch_shapes))
+    pot = make_potentials(graph, K, batch, torch.float64, seed=draw(st.integers(0, 2**31 - 1)),
+                          inf_prob=draw(st.sampled_from([0.0, 0.15])), ties=draw(st.booleans()),
+                          per_graph_unary=draw(st.booleans()))
+    if draw(st.sampled_from([True, False, False])):
+        pot = kill_first_row(pot, draw(st.integers(0, graph.num_nodes - 1)))
+    if batch:
+        # broadcasting: size-1 batch dims on one side, or a shared unary without batch dims
+        mode = draw(st.sampled_from(["none", "unary-size-one", "pairwise-size-one", "unary-no-batch"]))
+        ones = (slice(0, 1),) * len(batch)
+        if mode == "unary-size-one":
+            pot = Potentials(pot.unary[ones], pot.pairwise, graph)
+        elif mode == "pairwise-size-one":
+            pot = Potentials(pot.unary, pot.pairwise[ones], graph)
+        elif mode == "unary-no-batch" and not pot.unary_per_graph:
+            pot = Potentials(pot.unary[(0,) * len(batch)], pot.pairwise, graph)
+    return pot
+
+
+def member(pot: Potentials, t: int) -> Potentials:
+    """Tree t of an ensemble as a stand-alone single-graph Potentials."""
+    g = pot.graph
+    unary = pot.unary[..., t, :, :] if pot.unary_per_graph else pot.unary
+    return Potentials(unary, pot.pairwise[..., t, :, :, :], Graph(g.num_nodes, g.edges[t]))
+
+
+# ---------------------------------------------------------------------- assertions and small helpers
+def assert_no_nan(*tensors: torch.Tensor) -> None:
+    for t in tensors:
+        assert not torch.isnan(t).any(), "NaN in output"
+
+
+def assert_same_values(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    """assert_close with a tolerance for the dtype; -inf must match -inf exactly."""
+    tol = dict(rtol=1e-9, atol=1e-9) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(actual, expected, **tol)
+
+
+def one_hot_assignment(y: torch.Tensor, edges: torch.Tensor, K: int, dtype: torch.dtype
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One-hot of y [*, n]: unary [*, n, K] and pairwise [*, E, K, K] in stored edge orientation."""
+    oh = torch.nn.functional.one_hot(y, K).to(dtype)
+    return oh, oh[..., edges[:, 0], :, None] * oh[..., edges[:, 1], None, :]
+
+
+def assignment_index(y: torch.Tensor, K: int) -> torch.Tensor:
+    """Position of assignments y [*, n] in the order of inference.exact.all_assignments."""
+    n = y.shape[-1]
+    powers = K ** torch.arange(n - 1, -1, -1)
+    return (y * powers).sum(-1)
