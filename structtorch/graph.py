@@ -206,15 +206,20 @@ class Graph:
                              f"(|E| = {self.num_edges} > n - #components); use smoothed_lp or "
                              f"brute_force_* for loopy graphs")
 
-    def schedule(self, device: torch.device | str = "cpu") -> Schedule:
-        """The contraction schedule of this forest (ensemble), built once and cached per device."""
+    def schedule(self, device: torch.device | str = "cpu", compress: bool = True) -> Schedule:
+        """The contraction schedule of this forest (ensemble), built once and cached per device.
+
+        compress=True: rake + compress rounds, O(log n) steps, O(n K^3) work per example.
+        compress=False: rake only (leaves first, level by level), O(height) steps, O(n K^2) work.
+        """
         device = torch.device(device)
-        key = ("schedule", str(device))
+        key = ("schedule", compress, str(device))
         if key not in self._cache:
             self.require_forest("a tree op")
-            if ("schedule", "cpu") not in self._cache:
-                self._cache[("schedule", "cpu")] = _build_schedule(self)
-            self._cache[key] = self._cache[("schedule", "cpu")].to(device)
+            cpu = ("schedule", compress, "cpu")
+            if cpu not in self._cache:
+                self._cache[cpu] = _build_schedule(self, compress)
+            self._cache[key] = self._cache[cpu].to(device)
         return self._cache[key]
 
 
@@ -265,7 +270,7 @@ def _root_forest(n: int, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     return parent, parent_edge, flip
 
 
-def _build_schedule(graph: Graph) -> Schedule:
+def _build_schedule(graph: Graph, compress: bool = True) -> Schedule:
     n, lists = graph.num_nodes, graph._edge_lists()
     num_edges = graph.num_edges
     parents, pedges, flips, groups = [], [], [], []
@@ -277,7 +282,7 @@ def _build_schedule(graph: Graph) -> Schedule:
         groups.append(np.full(n, t))
     parent = np.concatenate(parents)
     group = np.concatenate(groups)
-    steps = _contraction_steps(parent)
+    steps = _contraction_steps(parent, compress)
     roots = np.flatnonzero(parent < 0)
     flip = np.concatenate(flips)
     as_long = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64))  # noqa: E731
@@ -298,12 +303,13 @@ def _build_schedule(graph: Graph) -> Schedule:
     )
 
 
-def _contraction_steps(parent: np.ndarray) -> list[tuple]:
+def _contraction_steps(parent: np.ndarray, compress: bool = True) -> list[tuple]:
     """Rake/compress rounds (Miller-Reif tree contraction) until only roots remain.
 
     Each round rakes every live non-root leaf, then compresses an independent set of the
     live non-root nodes with exactly one live child (those at even current depth within their
     unary chain run), so any tree, a path included, contracts in O(log n) rounds.
+    Without ``compress`` only the rakes remain: one step per level of height.
     """
     parent = parent.copy()
     n = len(parent)
@@ -321,7 +327,7 @@ def _contraction_steps(parent: np.ndarray) -> list[tuple]:
             children = np.bincount(parent[live & (parent >= 0)], minlength=n)
         nonroot = live & (parent >= 0)
         cand = nonroot & (children == 1)
-        if not cand.any():
+        if not compress or not cand.any():
             continue
         # the one live child of each candidate
         kids = np.flatnonzero(live & (parent >= 0))

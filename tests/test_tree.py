@@ -623,3 +623,37 @@ def test_cuda_matches_cpu(pot):
     if torch.isfinite(inf.tree_logz(pot)).all():
         ys = inf.tree_sample(gpu, 4, generator=torch.Generator("cuda").manual_seed(0))
         assert ys.device.type == "cuda" and torch.isfinite(gpu.score(ys)).all()
+
+
+# ---------------------------------------------------------------------- both schedules are exact
+@pytest.mark.parametrize("compress", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_forced_schedule_matches_brute_force(monkeypatch, compress, seed):
+    """Rake+compress and rake-only schedules (chosen by a cost model at run time) are both exact."""
+    import structtorch.inference.tree as tree_mod
+
+    monkeypatch.setattr(tree_mod, "_cheapest_schedule", lambda g, B, K, d: g.schedule(d, compress=compress))
+    gen = torch.Generator().manual_seed(seed)
+    n = 7
+    parent = [int(torch.randint(0, i, (), generator=gen)) for i in range(1, n)]
+    g = Graph(n, torch.tensor([[p, i + 1] for i, p in enumerate(parent)]))
+    unary = torch.randn(3, n, 3, generator=gen, dtype=torch.float64)
+    pair = torch.randn(3, n - 1, 3, 3, generator=gen, dtype=torch.float64)
+    unary[0, 2, 1] = float("-inf")
+    pot = Potentials(unary, pair, g)
+    score, y = inf.tree_map(pot)
+    torch.testing.assert_close(score, inf.brute_force_map(pot)[0])
+    torch.testing.assert_close(pot.score(y), score)
+    torch.testing.assert_close(inf.tree_logz(pot), inf.brute_force_logz(pot))
+    for got, want in zip(inf.tree_marginals(pot), inf.brute_force_marginals(pot)):
+        torch.testing.assert_close(got, want)
+
+
+def test_cost_model_prefers_levels_for_large_batches_and_states():
+    """Large B*K favours the O(n K^2) rake-only schedule; small batches the O(log n)-step contraction."""
+    from structtorch.inference.tree import _cheapest_schedule
+
+    g = Graph.chain(512)
+    cpu = torch.device("cpu")
+    assert _cheapest_schedule(g, 1, 2, cpu) is g.schedule(cpu, compress=True)
+    assert _cheapest_schedule(g, 1024, 8, cpu) is g.schedule(cpu, compress=False)

@@ -47,13 +47,35 @@ def _flat(pot: Potentials, op: str) -> tuple[torch.Tensor, torch.Tensor, Schedul
     if not isinstance(pot, Potentials):
         raise TypeError(f"{op} expects a structtorch.Potentials, got {type(pot).__name__}")
     pot.graph.require_forest(op)
-    sched = pot.graph.schedule(pot.device)
     u, p = pot.expanded()
     batch = pot.batch_shape
     K = pot.num_states
+    sched = _cheapest_schedule(pot.graph, batch.numel(), K, pot.device)
     u = u.reshape(-1, sched.num_slots, K)
     p = p.reshape(u.shape[0], -1, K, K)
     return u.transpose(0, 1), p.transpose(0, 1), sched, batch
+
+
+# Rough per-step launch/dispatch cost and per-element cost (seconds) of the contraction loop, by
+# device type: they only decide between two exact schedules, never the result.
+_STEP_COST = {"cpu": 8e-5, "cuda": 6e-5}
+_ELEMENT_COST = {"cpu": 1.5e-9, "cuda": 5e-12}
+
+
+def _cost(sched: Schedule, B: int, K: int, device: torch.device) -> float:
+    work = sum(s.node.numel() * (K ** 3 if s.kind == "compress" else K ** 2) for s in sched.steps) * B
+    kind = device.type if device.type in _STEP_COST else "cuda"
+    return len(sched.steps) * _STEP_COST[kind] + work * _ELEMENT_COST[kind]
+
+
+def _cheapest_schedule(graph, B: int, K: int, device: torch.device) -> Schedule:
+    """Rake+compress (O(log n) steps, O(n K^3) work) or rake-only (O(height) steps, O(n K^2) work),
+    whichever the cost model prefers for this batch size and K; both are exact."""
+    contract = graph.schedule(device, compress=True)
+    if not any(s.kind == "compress" for s in contract.steps):
+        return contract
+    levels = graph.schedule(device, compress=False)
+    return levels if _cost(levels, B, K, device) < _cost(contract, B, K, device) else contract
 
 
 def _edge_matrices(pair: torch.Tensor, sched: Schedule) -> torch.Tensor:
