@@ -327,8 +327,9 @@ def test_multilabel_datamodule_split_is_deterministic(tmp_path: Path) -> None:
     assert len(ids(a, "val")) == 10 and sorted(ids(a, "train") + ids(a, "val")) == list(range(40))
     assert ids(a, "test") == list(range(40, 50))  # the official test file
     assert a.hparams["val_fraction"] == 0.25 and a.hparams["name"] == "tiny"
-    xb, yb = next(iter(a.train_dataloader()))
+    xb, yb, ib = next(iter(a.train_dataloader()))
     assert xb.shape == (8, 2) and xb.dtype == torch.float32 and yb.shape == (8, 3) and yb.dtype == torch.long
+    assert ib.shape == (8,) and ib.dtype == torch.long  # example indices, for warm starts
     np.testing.assert_array_equal(a.train_tensors[1].numpy(), y[ids(a, "train")])
 
 
@@ -405,7 +406,7 @@ def test_synthetic_datamodule_interface() -> None:
     assert dm.num_features == 4 and dm.num_labels == 5
     assert [len(dm.train_tensors[0]), len(dm.val_tensors[0]), len(dm.test_tensors[0])] == [40, 10, 30]
     assert dm.dataset.tree.is_tree
-    x, y = next(iter(dm.train_dataloader()))
+    x, y, _ = next(iter(dm.train_dataloader()))
     assert x.shape == (16, 4) and y.shape == (16, 5) and y.dtype == torch.long
     assert len(next(iter(dm.test_dataloader()))[0]) == 16
     assert dm.hparams["num_train"] == 50
@@ -420,7 +421,7 @@ def test_synthetic_datamodule_runs_in_a_trainer(tmp_path: Path) -> None:
             self.lin = torch.nn.Linear(d, n)
 
         def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
-            x, y = batch
+            x, y = batch[0], batch[1]
             return torch.nn.functional.binary_cross_entropy_with_logits(self.lin(x), y.float())
 
         def validation_step(self, batch, batch_idx) -> None:  # noqa: ANN001

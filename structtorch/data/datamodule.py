@@ -1,6 +1,8 @@
 """LightningDataModules for multi-label data: Mulan ARFF datasets and the synthetic CRANK data.
 
-Batches are tuples ``(x [B, D] float32, y [B, L] int64)`` from a ``TensorDataset``.
+Batches are tuples ``(x [B, D] float32, y [B, L] int64, index [B] int64)`` from a ``TensorDataset``;
+``index`` is the example's position in its split (learners use it to warm-start per-example state,
+e.g. the messages of ``smoothed_lp``).
 ``num_features`` / ``num_labels`` (and ``train_tensors``) can be read before any Trainer runs:
 they call ``setup()`` on first access, which is idempotent and independent of ``stage``.
 """
@@ -85,6 +87,10 @@ def kfold_indices(n: int, num_folds: int, fold: int, seed: int) -> tuple[torch.T
     return in_fold.logical_not().nonzero().squeeze(1), in_fold.nonzero().squeeze(1)
 
 
+def _indexed(x: torch.Tensor, y: torch.Tensor) -> TensorDataset:
+    return TensorDataset(x, y.long(), torch.arange(len(x)))
+
+
 class EpochShuffle(Sampler[int]):
     """A random permutation per epoch drawn from (seed, epoch) alone, so a run resumed from a
     checkpoint sees exactly the batches of an uninterrupted one (Lightning calls ``set_epoch``)."""
@@ -147,9 +153,9 @@ class _TensorDataModule(L.LightningDataModule):
         x_va, y_va, x_tr, y_tr = x_tr[va], y_tr[va], x_tr[tr], y_tr[tr]
         self.standardizer = Standardizer.fit(x_tr)
         prep = self.standardizer.transform if self.standardize else self.standardizer.impute
-        self.data_train = TensorDataset(prep(x_tr), y_tr.long())
-        self.data_val = TensorDataset(prep(x_va), y_va.long())
-        self.data_test = TensorDataset(prep(x_te), y_te.long())
+        self.data_train = _indexed(prep(x_tr), y_tr)
+        self.data_val = _indexed(prep(x_va), y_va)
+        self.data_test = _indexed(prep(x_te), y_te)
 
     def _ready(self) -> None:
         if self.data_train is None:
@@ -171,17 +177,17 @@ class _TensorDataModule(L.LightningDataModule):
     def train_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole (preprocessed) training set: x [N, D] float32, y [N, L] int64."""
         self._ready()
-        return self.data_train.tensors
+        return self.data_train.tensors[:2]
 
     @property
     def val_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         self._ready()
-        return self.data_val.tensors
+        return self.data_val.tensors[:2]
 
     @property
     def test_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         self._ready()
-        return self.data_test.tensors
+        return self.data_test.tensors[:2]
 
     # ------------------------------------------------------------------ loaders
     def _loader(self, data: TensorDataset, shuffle: bool) -> DataLoader:

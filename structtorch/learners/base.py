@@ -28,7 +28,7 @@ TEST_INFERENCE: dict[str, Callable[[Potentials], torch.Tensor]] = {"tree_map": l
 
 
 class StructuredLearner(L.LightningModule):
-    """Base learner. Batches are ``(x [B, D] float, y [B, n] long)``.
+    """Base learner. Batches are ``(x [B, D] float, y [B, n] long[, index [B] long])``.
 
     Args:
         num_features, num_labels: input and output sizes (D, n).
@@ -71,8 +71,8 @@ class StructuredLearner(L.LightningModule):
         """The energy of this learner (subclasses override, or pass ``energy=``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement build_energy() or be given energy=")
 
-    def loss(self, pot: Potentials, y: torch.Tensor) -> torch.Tensor:
-        """Per-example training loss [B]."""
+    def loss(self, pot: Potentials, y: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-example training loss [B]; ``index`` [B] identifies the training examples (warm starts)."""
         if self.hparams.loss == "crf":
             return crf_nll(pot, y)
         return structured_hinge(pot, y, self._train_max, self.hparams.margin_scale)
@@ -89,24 +89,24 @@ class StructuredLearner(L.LightningModule):
         return self._predict(self.energy(x))
 
     # ------------------------------------------------------------------ Lightning hooks
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        data_loss = self.loss(self.energy(x), y).mean()
+    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
+        x, y = batch[0], batch[1]
+        data_loss = self.loss(self.energy(x), y, batch[2] if len(batch) > 2 else None).mean()
         total = data_loss + self.regularizer()
         self.log("train/loss", data_loss, prog_bar=True, on_step=False, on_epoch=True, batch_size=len(x),
                  sync_dist=True)
         self.log("train/objective", total, on_step=False, on_epoch=True, batch_size=len(x), sync_dist=True)
         return total
 
-    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], metrics) -> None:
-        x, y = batch
+    def _evaluate(self, batch: tuple[torch.Tensor, ...], metrics) -> None:
+        x, y = batch[0], batch[1]
         metrics.update(self(x), y)
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(x))
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
         self._evaluate(batch, self.val_metrics)
 
-    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+    def test_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
         self._evaluate(batch, self.test_metrics)
 
     def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
