@@ -1,0 +1,14 @@
+"""Structure: spanning trees (Boruvka max spanning forest, Pruefer sampling) and circuit rank."""
+
+from .circuit_rank import cccp_linearization, circuit_rank, circuit_rank_penalty
+from .spanning import max_spanning_tree, random_spanning_trees, spanning_forest, uniform_spanning_tree
+
+__all__ = [
+    "cccp_linearization",
+    "circuit_rank",
+    "circuit_rank_penalty",
+    "max_spanning_tree",
+    "random_spanning_trees",
+    "spanning_forest",
+    "uniform_spanning_tree",
+]
