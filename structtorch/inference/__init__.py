@@ -2,13 +2,19 @@
 
 from .exact import brute_force_kbest, brute_force_logz, brute_force_map, brute_force_marginals
 from .kbest import ensemble_map, tree_kbest
+from .lp import LPResult, lp_map
+from .smoothed import SmoothedLPResult, smoothed_lp
 from .tree import tree_logz, tree_map, tree_marginals, tree_sample
 
 __all__ = [
+    "LPResult",
+    "SmoothedLPResult",
     "brute_force_kbest",
     "brute_force_logz",
     "brute_force_map",
     "brute_force_marginals",
+    "lp_map",
+    "smoothed_lp",
     "ensemble_map",
     "tree_kbest",
     "tree_logz",
