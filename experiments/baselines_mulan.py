@@ -47,7 +47,8 @@ def main() -> None:
                 with tempfile.TemporaryDirectory() as tmp:
                     m = run_one(model, data, l2, Path(tmp))
                 val = m.get("val/hamming_acc", float("nan"))
-                print(f"{data:9s} {model:12s} l2={l2:<5} val hamming {val:.4f} test hamming {m['test/hamming_acc']:.4f}")
+                test = m["test/hamming_acc"]
+                print(f"{data:9s} {model:12s} l2={l2:<5} val hamming {val:.4f} test hamming {test:.4f}")
                 if best is None or val > best[0]:
                     best = (val, l2, m)
             val, l2, m = best
@@ -63,8 +64,8 @@ def write(rows: list[dict], out: Path) -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    lines = ["| dataset | model | l2 (val) | test Hamming | test 0/1 | test ex. F1 | paper Empty H / 0-1 / F1 | train s |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| dataset | model | l2 (val) | test Hamming | test 0/1 | test ex. F1 | paper Empty H / 0-1 / F1 "
+             "| train s |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         paper = " / ".join(map(str, PAPER_EMPTY.get(r["dataset"], ())))
         lines.append(f"| {r['dataset']} | {r['model']} | {r['l2 (by val)']} | {r['hamming_acc']} | {r['subset_acc']} | "
