@@ -11,8 +11,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-__all__ = ["Config", "ModelConfig", "FixedTreeConfig", "MulanDataConfig", "SyntheticDataConfig", "TrainerConfig",
-           "register_configs"]
+__all__ = ["Config", "ModelConfig", "FixedTreeConfig", "FullConfig", "MulanDataConfig", "SyntheticDataConfig",
+           "TrainerConfig", "register_configs"]
 
 
 @dataclass
@@ -36,6 +36,18 @@ class FixedTreeConfig(ModelConfig):
     training labels), "chain", "star" or "empty"."""
 
     tree: str = "chow_liu"
+
+
+@dataclass
+class FullConfig(ModelConfig):
+    """Full: complete graph, smoothed-LP hinge; test_inference "smoothed_lp" or "lp_map"."""
+
+    test_inference: str = "smoothed_lp"
+    eps: float = 0.01
+    iters: int = 20
+    tol: float = 1e-4
+    predict_eps: float = 0.005
+    predict_iters: int = 300
 
 
 @dataclass
@@ -108,6 +120,7 @@ def register_configs() -> None:
     cs.store(name="config_schema", node=Config)
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="model", name="fixed_tree_schema", node=FixedTreeConfig)
+    cs.store(group="model", name="full_schema", node=FullConfig)
     cs.store(group="data", name="mulan_schema", node=MulanDataConfig)
     cs.store(group="data", name="synthetic_schema", node=SyntheticDataConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
