@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from .mulan import load_mulan_splits
 from .synthetic import crank_synthetic
 
-__all__ = ["EpochShuffle", "MultilabelDataModule", "Standardizer", "SyntheticDataModule", "kfold_indices",
+__all__ = ["EpochShuffle", "MultilabelDataModule", "Shard", "Standardizer", "SyntheticDataModule", "kfold_indices",
            "train_val_indices"]
 
 DEFAULT_MULAN_ROOT = os.environ.get("STRUCTTORCH_MULAN_ROOT", "data/mulan")
@@ -91,22 +91,52 @@ def _indexed(x: torch.Tensor, y: torch.Tensor) -> TensorDataset:
     return TensorDataset(x, y.long(), torch.arange(len(x)))
 
 
-class EpochShuffle(Sampler[int]):
-    """A random permutation per epoch drawn from (seed, epoch) alone, so a run resumed from a
-    checkpoint sees exactly the batches of an uninterrupted one (Lightning calls ``set_epoch``)."""
+class EpochShuffle(DistributedSampler):
+    """Training order: a random permutation per epoch drawn from (seed, epoch) alone, so a run
+    resumed from a checkpoint sees exactly the batches of an uninterrupted one (Lightning calls
+    ``set_epoch``).
 
-    def __init__(self, n: int, seed: int) -> None:
-        self.n, self.seed, self.epoch = n, seed, 0
+    Under data parallelism (``num_replicas`` processes, per-process ``batch_size``), step k of
+    every rank takes its slice of the single-process global batch k, so the averaged gradient
+    equals the one-process gradient of the same global batch. Being a ``DistributedSampler``,
+    Lightning leaves it in place instead of wrapping (and reshuffling) it.
+    """
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def __init__(self, n: int, seed: int, batch_size: int = 1, num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__(range(n), num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        self.n, self.batch_size = n, batch_size
+
+    def _blocks(self) -> list[torch.Tensor]:
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        perm = torch.randperm(self.n, generator=gen)
+        W = self.num_replicas
+        if W == 1:
+            return [perm]
+        blocks = list(perm.split(self.batch_size * W))
+        if len(blocks[-1]) < W:  # every rank needs a batch: pad the last global batch (as DistributedSampler)
+            blocks[-1] = torch.cat([blocks[-1], perm[: W - len(blocks[-1])]])
+        return [torch.tensor_split(b, W)[self.rank] for b in blocks]
 
     def __iter__(self):
-        gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return iter(torch.randperm(self.n, generator=gen).tolist())
+        return iter(torch.cat(self._blocks()).tolist())
 
     def __len__(self) -> int:
-        return self.n
+        return sum(len(b) for b in self._blocks())
+
+
+class Shard(DistributedSampler):
+    """Evaluation order under data parallelism: rank r takes examples r, r + W, ... with no padding,
+    so metrics summed across ranks count every example exactly once."""
+
+    def __init__(self, n: int, num_replicas: int, rank: int) -> None:
+        super().__init__(range(n), num_replicas=num_replicas, rank=rank, shuffle=False)
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.rank, self.n, self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.n, self.num_replicas))
 
 
 class _TensorDataModule(L.LightningDataModule):
@@ -191,7 +221,12 @@ class _TensorDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ loaders
     def _loader(self, data: TensorDataset, shuffle: bool) -> DataLoader:
-        sampler = EpochShuffle(len(data), self.seed) if shuffle else None
+        trainer = getattr(self, "trainer", None)
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        if shuffle:
+            sampler = EpochShuffle(len(data), self.seed, self.batch_size, world, rank)
+        else:
+            sampler = Shard(len(data), world, rank) if world > 1 else None
         return DataLoader(data, batch_size=self.batch_size, sampler=sampler,
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 

@@ -149,11 +149,21 @@ def _augment(pot: Potentials, sched: _KBestSchedule, exclude: torch.Tensor | Non
     p_aug = table[sched.edge_code.clamp(min=0)]
     if exclude is None:
         return u_aug, p_aug, None
-    y = pot.check_labels(exclude, "exclude")
-    y = torch.broadcast_to(y, (*batch, y.shape[-1])).reshape(B, -1).T  # [n, B]
+    y = _exclude_rows(pot, exclude).T  # [n, B]
     y = y.repeat(N // y.shape[0], 1)  # every graph of an ensemble excludes the same assignment
     y_aug = torch.where((sched.origin >= 0)[:, None], y[sched.origin.clamp(min=0)], 0)
     return u_aug, p_aug, y_aug
+
+
+def _exclude_rows(pot: Potentials, exclude: torch.Tensor) -> torch.Tensor:
+    """exclude [*B', n] validated and broadcast to the batch: [B, n]."""
+    y = pot.check_labels(exclude, "exclude")
+    batch, n = pot.batch_shape, pot.graph.num_nodes
+    try:
+        return torch.broadcast_to(y, (*batch, n)).reshape(-1, n)
+    except RuntimeError as err:
+        raise ValueError(f"exclude must have shape [*B, n={n}] broadcastable to the batch {tuple(batch)}, "
+                         f"got {tuple(y.shape)}") from err
 
 
 def _slot_major(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor, torch.Size]:
@@ -268,15 +278,17 @@ def ensemble_map(pot: Potentials, k: int, k_max: int | None = None, exclude: tor
     """
     if not isinstance(pot, Potentials) or not pot.graph.is_ensemble:
         raise ValueError("ensemble_map needs Potentials on an ensemble graph (edges [T, n-1, 2])")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
     k_max = k if k_max is None else k_max
     if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < k:
         raise ValueError(f"k_max must be an int >= k={k}, got {k_max!r}")
     u, p = pot.expanded()
     batch, n = pot.batch_shape, pot.graph.num_nodes
-    u, p = u.reshape(-1, *u.shape[-3:]), p.reshape(-1, *p.shape[-4:])
-    ex = None if exclude is None else torch.broadcast_to(pot.check_labels(exclude, "exclude"), (*batch, n))
-    ex = None if ex is None else ex.reshape(-1, n)
+    u = u.reshape(-1, *u.shape[-3:])
     B = u.shape[0]
+    p = p.reshape(B, *p.shape[-4:])
+    ex = None if exclude is None else _exclude_rows(pot, exclude)
     y = torch.zeros(B, n, dtype=torch.long, device=u.device)
     score = u.new_full((B,), _NEG)
     certified = torch.zeros(B, dtype=torch.bool, device=u.device)
@@ -299,9 +311,15 @@ def _ensemble_candidates(pot: Potentials, k: int, exclude: torch.Tensor | None
     tree_scores, ys = tree_kbest(pot, k, exclude)  # [B, T, k], [B, T, k, n]
     B, T, _, n = ys.shape
     cand = ys.reshape(B, T * k, n)
-    ens = pot.score(cand.transpose(0, 1)).mean(-1).T  # [B, T*k]: every candidate on every tree
-    ens = ens.masked_fill(torch.isneginf(tree_scores.reshape(B, T * k)), _NEG)  # padding, not candidates
-    best, idx = ens.max(-1)
-    bound = tree_scores[..., -1].mean(-1)  # Lemma 7: mean over trees of the k-th best
+    per_tree = pot.score(cand.transpose(0, 1)).permute(1, 0, 2)  # [B, T*k, T]: every candidate on every tree
+    padding = torch.isneginf(tree_scores.reshape(B, T * k))
+    best, idx = per_tree.mean(-1).masked_fill(padding, _NEG).max(-1)  # over the T*k candidates
+    # Lemma 7: mean over trees of each tree's k-th best, re-scored like the candidates (same rounding)
+    kth = per_tree[:, torch.arange(T) * k + k - 1, torch.arange(T)]  # [B, T]
+    bound = kth.masked_fill(torch.isneginf(tree_scores[..., -1]), _NEG).mean(-1)
     y = cand.gather(1, idx[:, None, None].expand(B, 1, n)).squeeze(1)
+    if exclude is not None:  # nothing but exclude is possible (score -inf): still return another assignment
+        other = exclude.clone()
+        other[:, 0] = (other[:, 0] + 1) % pot.num_states
+        y = torch.where(((y == exclude).all(-1) & torch.isneginf(best))[:, None], other, y)
     return y, best, best >= bound

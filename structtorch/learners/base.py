@@ -8,6 +8,7 @@ metrics and logging.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import lightning as L
@@ -119,8 +120,12 @@ class StructuredLearner(L.LightningModule):
         opt = opt_cls(self.parameters(), lr=hp.lr)
         if hp.lr_schedule == "none" or self.trainer is None or not self.trainer.max_epochs:
             return opt
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, self.trainer.max_epochs))
+        # closed-form cosine over the *current* max_epochs (a run resumed with more epochs keeps annealing to 0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: self._cosine(epoch))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
+
+    def _cosine(self, epoch: int) -> float:
+        return 0.5 * (1.0 + math.cos(math.pi * min(epoch, self.trainer.max_epochs) / max(1, self.trainer.max_epochs)))
 
 
 def _lookup(what: str | Callable, registry: dict[str, Callable], name: str) -> Callable:

@@ -1,0 +1,200 @@
+"""K-best MAP on trees: scaling of structtorch's tree_kbest in n and k, and torch-struct side by side.
+
+    python scripts/bench_kbest.py [--device cuda] [--quick] [--repeats 7] [--threads 1]
+                                  [--out scripts/results/bench_kbest.json]
+
+(a) tree_kbest on random trees (random parent attachment, random relabelling), K = 2, B = 64:
+    time vs n at k = 8 and time vs k at n = 64, with the log-log slopes fitted by
+    numpy.polyfit over the larger sizes (the smallest are dominated by per-call overhead);
+    slope ~1 or below = linear.
+(b) chains, B = 64, K = 2: tree_kbest vs torch-struct's LinearChainCRF(log_potentials).kmax(k)
+    (scores only) and .topk(k) (the k best as edge one-hots, by autograd through the k-max
+    semiring; timed only for k <= --topk-max-k, it takes seconds per call at k = 32); the
+    k-best scores are checked to agree (float64) before timing. Ratios are torch-struct /
+    structtorch (> 1: structtorch is faster).
+
+Times are the median of --repeats calls (3 for calls over a second) after one warm-up call
+(schedule cache, allocator), in milliseconds, float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import structtorch as st
+from structtorch import inference as inf
+
+try:
+    from torch_struct import LinearChainCRF
+except ImportError:  # pragma: no cover - optional benchmark dependency
+    LinearChainCRF = None
+
+K_STATES, BATCH = 2, 64
+
+
+def random_tree(n: int, seed: int) -> st.Graph:
+    """Random parent attachment (node i joins a uniform earlier node), then a random relabelling."""
+    rng = np.random.default_rng(seed)
+    parent = np.array([rng.integers(0, i) for i in range(1, n)], dtype=np.int64)
+    label = rng.permutation(n)
+    edges = np.stack([label[parent], label[np.arange(1, n)]], 1)
+    return st.Graph(n, torch.as_tensor(edges))
+
+
+def random_potentials(graph: st.Graph, B: int, K: int, device: torch.device, dtype: torch.dtype,
+                      seed: int = 0) -> st.Potentials:
+    gen = torch.Generator().manual_seed(seed)
+    unary = torch.randn(B, graph.num_nodes, K, generator=gen, dtype=torch.float64)
+    pairwise = torch.randn(B, graph.num_edges, K, K, generator=gen, dtype=torch.float64)
+    return st.Potentials(unary.to(device, dtype), pairwise.to(device, dtype), graph)
+
+
+def to_torch_struct(unary: torch.Tensor, pairwise: torch.Tensor) -> torch.Tensor:
+    """Chain potentials -> torch-struct log_potentials [B, n-1, K(next), K(prev)]."""
+    edge = pairwise.transpose(-1, -2) + unary[:, 1:, :, None]
+    edge[:, 0] += unary[:, 0][:, None, :]
+    return edge
+
+
+def timeit(fn, device: torch.device, repeats: int) -> float:
+    """Median seconds of repeats calls after one warm-up call (3 calls when the warm-up took over 1 s)."""
+    t = time.perf_counter()
+    fn()
+    if time.perf_counter() - t > 1.0:
+        repeats = min(repeats, 3)
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def loglog_slope(xs: list[int], ts: list[float], min_x: int) -> float:
+    """Slope of log time on log size over the sizes >= min_x."""
+    pts = [(x, t) for x, t in zip(xs, ts) if x >= min_x]
+    if len(pts) < 2:
+        return float("nan")
+    x, t = np.array(pts, dtype=np.float64).T
+    return float(np.polyfit(np.log(x), np.log(t), 1)[0])
+
+
+# ---------------------------------------------------------------------- (a) scaling
+def scaling(device, dtype, repeats, ns, ks, n_fixed, k_fixed) -> dict:
+    vs_n = []
+    print(f"\n(a) tree_kbest on random trees, K={K_STATES}, B={BATCH}: time vs n (k={k_fixed})")
+    print(f"{'n':>6} {'ms':>10} {'ms/node':>10}")
+    for n in ns:
+        pot = random_potentials(random_tree(n, seed=n), BATCH, K_STATES, device, dtype)
+        ms = 1e3 * timeit(lambda pot=pot: inf.tree_kbest(pot, k_fixed), device, repeats)
+        vs_n.append({"n": n, "k": k_fixed, "ms": ms})
+        print(f"{n:>6} {ms:>10.3f} {ms / n:>10.4f}", flush=True)
+    vs_k = []
+    print(f"\n    time vs k (n={n_fixed})")
+    print(f"{'k':>6} {'ms':>10} {'ms/k':>10}")
+    pot = random_potentials(random_tree(n_fixed, seed=n_fixed), BATCH, K_STATES, device, dtype)
+    for k in ks:
+        ms = 1e3 * timeit(lambda k=k: inf.tree_kbest(pot, k), device, repeats)
+        vs_k.append({"n": n_fixed, "k": k, "ms": ms})
+        print(f"{k:>6} {ms:>10.3f} {ms / k:>10.4f}", flush=True)
+    min_n, min_k = ns[min(2, len(ns) - 2)], ks[min(2, len(ks) - 2)]
+    slopes = {"n": loglog_slope(ns, [r["ms"] for r in vs_n], min_n), "n_fit_from": min_n,
+              "k": loglog_slope(ks, [r["ms"] for r in vs_k], min_k), "k_fit_from": min_k}
+    slopes["n_last"] = loglog_slope(ns[-2:], [r["ms"] for r in vs_n[-2:]], ns[-2])
+    slopes["k_last"] = loglog_slope(ks[-2:], [r["ms"] for r in vs_k[-2:]], ks[-2])
+    print(f"\n    log-log slope of time: vs n (n >= {min_n}) {slopes['n']:.2f}, "
+          f"vs k (k >= {min_k}) {slopes['k']:.2f}   (~1 or below: linear)")
+    print(f"    last doubling only: n {ns[-2]}->{ns[-1]} {slopes['n_last']:.2f}, "
+          f"k {ks[-2]}->{ks[-1]} {slopes['k_last']:.2f}")
+    return {"vs_n": vs_n, "vs_k": vs_k, "slopes": slopes}
+
+
+# ---------------------------------------------------------------------- (b) torch-struct
+def check_agreement(n: int, k: int, device: torch.device) -> float:
+    """k-best scores of both libraries on one chain batch, float64; returns the max abs difference."""
+    pot = random_potentials(st.Graph.chain(n), BATCH, K_STATES, device, torch.float64, seed=1)
+    ours, _ = inf.tree_kbest(pot, k)
+    theirs = LinearChainCRF(to_torch_struct(pot.unary, pot.pairwise)).kmax(k).detach().T  # [k, B] -> [B, k]
+    diff = float((ours - theirs).abs().max())
+    if not torch.allclose(ours, theirs, rtol=1e-9, atol=1e-9):
+        raise AssertionError(f"k-best scores disagree with torch-struct (n={n}, k={k}): max diff {diff}")
+    return diff
+
+
+def versus_torch_struct(device, dtype, repeats, ns, ks, topk_max_k) -> list[dict]:
+    print(f"\n(b) chains, K={K_STATES}, B={BATCH}: structtorch tree_kbest vs torch-struct LinearChainCRF "
+          f"(ratio = torch-struct / structtorch)")
+    print(f"{'n':>5} {'k':>4} | {'tree_kbest':>10} | {'kmax':>10} {'ratio':>7} | {'topk':>10} {'ratio':>7} |"
+          f" {'max|diff|':>9}")
+    rows = []
+    for n in ns:
+        for k in ks:
+            diff = check_agreement(n, k, device)
+            pot = random_potentials(st.Graph.chain(n), BATCH, K_STATES, device, dtype)
+            edge = to_torch_struct(pot.unary, pot.pairwise)
+            ours = 1e3 * timeit(lambda pot=pot, k=k: inf.tree_kbest(pot, k), device, repeats)
+            kmax = 1e3 * timeit(lambda edge=edge, k=k: LinearChainCRF(edge).kmax(k), device, repeats)
+            topk = 1e3 * timeit(lambda edge=edge, k=k: LinearChainCRF(edge).topk(k), device, repeats) \
+                if k <= topk_max_k else None
+            row = {"n": n, "k": k, "structtorch_ms": ours, "ts_kmax_ms": kmax, "ts_topk_ms": topk,
+                   "kmax_ratio": kmax / ours, "topk_ratio": None if topk is None else topk / ours,
+                   "max_abs_diff_f64": diff}
+            rows.append(row)
+            topk_cols = f"{'skipped':>10} {'':>7}" if topk is None else f"{topk:>10.3f} {topk / ours:>6.2f}x"
+            print(f"{n:>5} {k:>4} | {ours:>10.3f} | {kmax:>10.3f} {kmax / ours:>6.2f}x | {topk_cols} | "
+                  f"{diff:>9.1e}", flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--quick", action="store_true", help="fewer, smaller sizes (smoke test)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default); 1 is the "
+                    "steadiest on a loaded machine")
+    ap.add_argument("--topk-max-k", type=int, default=8, help="time torch-struct's topk (autograd through the "
+                    "k-max semiring: seconds per call at k=32) only up to this k")
+    ap.add_argument("--out", default="scripts/results/bench_kbest.json")
+    args = ap.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if args.quick:
+        ns, ks, ts_ns, ts_ks, repeats = [16, 32, 64, 128], [1, 2, 4, 8, 16], [16, 64], [2, 8], min(args.repeats, 3)
+    else:
+        ns, ks, ts_ns, ts_ks, repeats = [16, 32, 64, 128, 256, 512], [1, 2, 4, 8, 16, 32, 64], [16, 64, 256], \
+            [2, 8, 32], args.repeats
+    print(f"device={device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor()})"
+          f" torch={torch.__version__} threads={torch.get_num_threads()} dtype={args.dtype} repeats={repeats}")
+    t0 = time.perf_counter()
+    result = {"meta": {"device": str(device), "torch": torch.__version__, "machine": platform.machine(),
+                       "threads": torch.get_num_threads(), "dtype": args.dtype, "repeats": repeats,
+                       "K": K_STATES, "B": BATCH, "quick": args.quick}}
+    result["scaling"] = scaling(device, dtype, repeats, ns, ks, n_fixed=64, k_fixed=8)
+    if LinearChainCRF is None:
+        print("\n(b) skipped: torch-struct is not installed (pip install --no-deps torch-struct)")
+        result["torch_struct"] = None
+    else:
+        result["torch_struct"] = versus_torch_struct(device, dtype, repeats, ts_ns, ts_ks, args.topk_max_k)
+    result["meta"]["total_s"] = time.perf_counter() - t0
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"\ntotal {result['meta']['total_s']:.1f} s; wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+"""Learners: short CPU training runs of every learner with lightning.Trainer on synthetic data,
+accuracy floors a broken learner cannot reach, a custom StructuredLearner subclass, argument
+errors, saved hyper-parameters / load_from_checkpoint, and the Chow-Liu tree."""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+import pytest
+import torch
+
+from structtorch import Graph, Potentials
+from structtorch.data import SyntheticDataModule, random_tree
+from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy
+from structtorch.inference import tree_sample
+from structtorch.learners import LEARNERS, FixedTree, Independent, StructuredLearner
+from structtorch.structure.edge_scores import chow_liu_tree
+
+EPOCHS = 12
+LR = 0.05
+
+pytestmark = [pytest.mark.filterwarnings("ignore:.*does not have many workers"),
+              pytest.mark.filterwarnings("ignore:.*LeafSpec"),
+              pytest.mark.filterwarnings("ignore:.*self.trainer. reference is not registered")]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _quiet_single_thread():
+    """Tiny tensors: intra-op threads only cost time (and a lot of it on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    log = logging.getLogger("lightning.pytorch")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    yield
+    log.setLevel(level)
+    torch.set_num_threads(threads)
+
+
+def make_trainer(epochs: int = EPOCHS, **kwargs) -> L.Trainer:
+    kwargs.setdefault("enable_checkpointing", False)
+    return L.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_progress_bar=False,
+                     enable_model_summary=False, **kwargs)
+
+
+def fit_and_test(model: StructuredLearner, dm: L.LightningDataModule, epochs: int = EPOCHS
+                 ) -> tuple[L.Trainer, dict[str, float]]:
+    trainer = make_trainer(epochs)
+    trainer.fit(model, datamodule=dm)
+    return trainer, trainer.test(model, datamodule=dm, verbose=False)[0]
+
+
+def majority_hamming(y: torch.Tensor) -> float:
+    """Hamming accuracy of predicting every label's majority value (measured on y itself)."""
+    p = y.float().mean(0)
+    return torch.maximum(p, 1 - p).mean().item()
+
+
+def majority_subset(y: torch.Tensor) -> float:
+    """Subset accuracy of always predicting the most frequent label vector of y."""
+    return y.unique(dim=0, return_counts=True)[1].max().item() / len(y)
+
+
+@pytest.fixture(scope="module")
+def dm() -> SyntheticDataModule:
+    # labels are the exact MAP of a tree model: FixedTree on the true tree is well specified
+    return SyntheticDataModule(num_train=1000, num_test=1000, num_labels=6, batch_size=32, seed=0)
+
+
+def learner(kind: str, dm: SyntheticDataModule, **kwargs) -> StructuredLearner:
+    D, n = dm.num_features, dm.num_labels
+    kwargs.setdefault("lr", LR)
+    if kind == "independent":
+        return Independent(D, n, **kwargs)
+    edges = {"chain": lambda: Graph.chain(n).edges,
+             "chow_liu": lambda: chow_liu_tree(dm.train_tensors[1]).edges,
+             "true_tree": lambda: dm.dataset.tree.edges}[kind]()
+    return FixedTree(D, n, edges=edges.tolist(), **kwargs)
+
+
+@pytest.fixture(scope="module")
+def trained(dm) -> dict[str, tuple[StructuredLearner, L.Trainer, dict[str, float]]]:
+    """Every learner trained once (fixed seed, CPU): kind -> (model, trainer, test metrics)."""
+    out = {}
+    for kind in ("independent", "chain", "chow_liu", "true_tree"):
+        L.seed_everything(0, verbose=False)
+        model = learner(kind, dm)
+        trainer, metrics = fit_and_test(model, dm)
+        out[kind] = (model, trainer, metrics)
+    return out
+
+
+# ---------------------------------------------------------------------- training runs
+@pytest.mark.parametrize("kind", ["independent", "chain", "chow_liu", "true_tree"])
+def test_learner_trains_well_above_majority_baseline(kind, trained, dm):
+    model, trainer, metrics = trained[kind]
+    y_test = dm.test_tensors[1]
+    assert trainer.current_epoch == EPOCHS
+    assert set(metrics) >= {"test/hamming_acc", "test/subset_acc", "test/example_f1", "test/micro_f1",
+                            "test/macro_f1"}
+    assert all(0.0 <= v <= 1.0 for v in metrics.values())
+    # a learner that ignores x (or predicts a constant) cannot beat these on the same test labels
+    assert metrics["test/hamming_acc"] >= majority_hamming(y_test) + 0.10, metrics
+    assert metrics["test/subset_acc"] >= majority_subset(y_test) + 0.20, metrics
+    # the logged metrics are those of the model's own predictions
+    x, y = dm.test_tensors
+    with torch.no_grad():
+        pred = model(x)
+    assert pred.shape == y.shape and pred.dtype == torch.long
+    assert abs((pred == y).float().mean().item() - metrics["test/hamming_acc"]) < 1e-6
+    assert abs((pred == y).all(-1).float().mean().item() - metrics["test/subset_acc"]) < 1e-6
+
+
+def test_true_tree_beats_independent_on_subset_accuracy(trained):
+    ind = trained["independent"][2]["test/subset_acc"]
+    tree = trained["true_tree"][2]["test/subset_acc"]
+    assert tree >= ind + 0.01, (tree, ind)
+
+
+def test_fixed_tree_learns_pairwise_weights_and_independent_has_none(trained, dm):
+    ind, tree = trained["independent"][0], trained["true_tree"][0]
+    assert ind.energy.graph.num_edges == 0
+    assert torch.equal(tree.energy.graph.edges, dm.dataset.tree.edges)
+    w = tree.energy.pairwise_weights().detach()
+    assert w.shape == (dm.num_labels - 1,) and w.abs().max() > 0.1
+    # signs of the strong true couplings are recovered
+    true_w = dm.dataset.pairwise_weights.float()
+    strong = true_w.abs() > 1.0
+    assert strong.any()
+    assert torch.equal(torch.sign(w[strong]), torch.sign(true_w[strong]))
+
+
+def test_crf_loss_trains(dm):
+    L.seed_everything(0, verbose=False)
+    _, metrics = fit_and_test(learner("true_tree", dm, loss="crf"), dm, epochs=4)
+    assert metrics["test/hamming_acc"] >= majority_hamming(dm.test_tensors[1]) + 0.10, metrics
+
+
+@pytest.mark.parametrize("optimizer,lr_schedule", [("sgd", "none"), ("adamw", "cosine")])
+def test_other_optimizers_train(dm, optimizer, lr_schedule):
+    lr = 0.5 if optimizer == "sgd" else LR
+    model = learner("chain", dm, optimizer=optimizer, lr_schedule=lr_schedule, lr=lr)
+    trainer, metrics = fit_and_test(model, dm, epochs=3)
+    opt = trainer.optimizers[0]
+    assert type(opt).__name__.lower() == optimizer
+    assert (len(trainer.lr_scheduler_configs) == 1) == (lr_schedule == "cosine")
+    assert metrics["test/hamming_acc"] >= majority_hamming(dm.test_tensors[1]) + 0.10, metrics
+
+
+def test_cosine_schedule_anneals_to_zero_over_max_epochs(trained):
+    _, trainer, _ = trained["independent"]
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-9)
+
+
+# ---------------------------------------------------------------------- a custom learner
+class TableLearner(StructuredLearner):
+    """A new model in a few lines: K-state table energy on a chain over the labels."""
+
+    def __init__(self, num_features: int, num_labels: int, input_dependent: bool = False, **kwargs) -> None:
+        super().__init__(num_features, num_labels, **kwargs)
+
+    def build_energy(self) -> LinearTableEnergy:
+        hp = self.hparams
+        return LinearTableEnergy(hp.num_features, hp.num_labels, num_states=2, graph=Graph.chain(hp.num_labels),
+                                 input_dependent_pairwise=hp.input_dependent)
+
+
+@pytest.mark.parametrize("input_dependent", [False, True])
+def test_custom_subclass_with_table_energy_trains(dm, input_dependent, tmp_path):
+    L.seed_everything(0, verbose=False)
+    model = TableLearner(dm.num_features, dm.num_labels, input_dependent=input_dependent, lr=LR)
+    assert isinstance(model.energy, LinearTableEnergy)
+    trainer, metrics = fit_and_test(model, dm, epochs=4)
+    assert metrics["test/hamming_acc"] >= majority_hamming(dm.test_tensors[1]) + 0.10, metrics
+    # the custom learner round-trips through a checkpoint with its own hyper-parameters
+    trainer.save_checkpoint(tmp_path / "table.ckpt")
+    loaded = TableLearner.load_from_checkpoint(tmp_path / "table.ckpt")
+    assert loaded.hparams.input_dependent == input_dependent
+    x = dm.test_tensors[0][:50]
+    assert torch.equal(loaded(x), model(x))
+
+
+def test_base_learner_with_explicit_energy(dm):
+    energy = FinleyJoachimsEnergy(dm.num_features, dm.num_labels, Graph.star(dm.num_labels))
+    model = StructuredLearner(dm.num_features, dm.num_labels, energy=energy)
+    assert model.energy is energy
+    assert "energy" not in model.hparams
+    x, y = dm.train_tensors
+    loss = model.training_step((x[:16], y[:16]), 0)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    loss.backward()
+    assert energy.unary.weight.grad is not None and energy.edge_weight.grad is not None
+    # hinge at zero weights: every label is predicted wrong by the loss-augmented argmax
+    assert loss.item() == pytest.approx(dm.num_labels, abs=1e-6)
+
+
+def test_custom_inference_callables_are_used(dm):
+    calls = []
+
+    def my_predict(pot: Potentials) -> torch.Tensor:
+        calls.append(pot.unary.shape)
+        return pot.unary.argmax(-1)
+
+    model = Independent(dm.num_features, dm.num_labels, test_inference=my_predict)
+    x = dm.test_tensors[0][:7]
+    assert model(x).shape == (7, dm.num_labels)
+    assert calls == [(7, dm.num_labels, 2)]
+
+
+# ---------------------------------------------------------------------- errors
+def test_structured_learner_without_energy_raises_not_implemented():
+    with pytest.raises(NotImplementedError, match="build_energy"):
+        StructuredLearner(num_features=3, num_labels=4)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(loss="hingee"), "loss"),
+    (dict(loss="mse"), "loss"),
+    (dict(optimizer="adagrad"), "optimizer"),
+    (dict(optimizer="Adam"), "optimizer"),
+    (dict(train_inference="smoothed_lpp"), "train_inference"),
+    (dict(test_inference="nope"), "test_inference"),
+])
+def test_bad_learner_arguments_raise_value_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Independent(3, 4, **kwargs)
+
+
+def test_fixed_tree_rejects_a_cycle():
+    with pytest.raises(ValueError, match="tree or forest"):
+        FixedTree(3, 3, edges=[[0, 1], [1, 2], [2, 0]])
+
+
+def test_learner_registry():
+    assert LEARNERS["independent"] is Independent
+    assert LEARNERS["fixed_tree"] is FixedTree
+    assert all(issubclass(cls, StructuredLearner) for cls in LEARNERS.values())
+
+
+# ---------------------------------------------------------------------- hyper-parameters, checkpoints
+def test_hyperparameters_are_saved():
+    model = FixedTree(5, 4, edges=[[0, 1], [1, 2], [1, 3]], loss="crf", l2=0.5, optimizer="sgd", lr=0.3,
+                      lr_schedule="none", margin_scale=2.0)
+    hp = model.hparams
+    assert hp.num_features == 5 and hp.num_labels == 4
+    assert hp.edges == [[0, 1], [1, 2], [1, 3]]
+    assert (hp.loss, hp.l2, hp.optimizer, hp.lr, hp.lr_schedule, hp.margin_scale) == ("crf", 0.5, "sgd", 0.3,
+                                                                                       "none", 2.0)
+    ind = Independent(5, 4)
+    assert ind.hparams.num_features == 5 and ind.hparams.num_labels == 4
+    assert ind.hparams.loss == "hinge" and "edges" not in ind.hparams
+
+
+def test_fixed_tree_without_edges_is_independent():
+    model = FixedTree(5, 4)
+    assert model.hparams.edges == [] and model.energy.graph.num_edges == 0
+
+
+@pytest.mark.parametrize("kind", ["independent", "chow_liu"])
+def test_load_from_checkpoint_rebuilds_an_equal_model(kind, trained, dm, tmp_path):
+    model, trainer, _ = trained[kind]
+    path = tmp_path / f"{kind}.ckpt"
+    trainer.save_checkpoint(path)
+    cls = type(model)
+    loaded = cls.load_from_checkpoint(path)
+    assert type(loaded) is cls
+    assert dict(loaded.hparams) == dict(model.hparams)
+    assert torch.equal(loaded.energy.graph.edges, model.energy.graph.edges)
+    sd, sd_loaded = model.state_dict(), loaded.state_dict()
+    assert sd.keys() == sd_loaded.keys()
+    assert all(torch.equal(sd[k], sd_loaded[k]) for k in sd)
+    x = dm.test_tensors[0]
+    loaded.eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+    # and the loaded model tests exactly like the original
+    metrics = make_trainer().test(loaded, datamodule=dm, verbose=False)[0]
+    assert metrics == pytest.approx(trained[kind][2], abs=1e-7)
+
+
+# ---------------------------------------------------------------------- Chow-Liu
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_chow_liu_recovers_the_tree_of_strongly_coupled_labels(seed):
+    n = 7
+    gen = torch.Generator().manual_seed(seed)
+    tree = random_tree(n, seed)
+    # Ising couplings of random sign and strength 1.5..2.5 on the tree, small random fields
+    strength = (1.5 + torch.rand(tree.num_edges, generator=gen, dtype=torch.float64)) * \
+        torch.where(torch.rand(tree.num_edges, generator=gen) < 0.5, -1.0, 1.0).double()
+    sign = torch.tensor([[1.0, -1.0], [-1.0, 1.0]], dtype=torch.float64)
+    pair = strength[:, None, None] * sign / 2
+    unary = 0.3 * torch.randn(n, 2, generator=gen, dtype=torch.float64)
+    y = tree_sample(Potentials(unary, pair, tree), 4000, generator=gen)  # [N, n]
+    assert y.shape == (4000, n)
+    learned = chow_liu_tree(y)
+    assert learned.is_tree and learned.num_edges == n - 1
+    as_set = lambda g: {tuple(sorted(e)) for e in g.edges.tolist()}  # noqa: E731
+    assert as_set(learned) == as_set(tree)
+
+
+def test_chow_liu_returns_a_spanning_tree_on_any_labels(dm):
+    g = chow_liu_tree(dm.train_tensors[1])
+    assert g.num_nodes == dm.num_labels and g.is_tree and g.num_edges == dm.num_labels - 1
+    noise = torch.randint(0, 2, (50, 9), generator=torch.Generator().manual_seed(0))
+    g = chow_liu_tree(noise)
+    assert g.is_tree and g.num_edges == 8

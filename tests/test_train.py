@@ -1,0 +1,380 @@
+"""The Hydra entry point: every config combination composes (and a typo fails), ``run`` writes
+metrics.json, checkpoint-resume reproduces an uninterrupted run, and the real CLI (single run,
+basic-launcher multirun, missing dataset) works as a subprocess."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import itertools
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from structtorch.config import ModelConfig, TrainerConfig
+from structtorch.graph import Graph
+from structtorch.learners import LEARNERS, FixedTree, Independent, StructuredLearner
+from structtorch.structure.edge_scores import chow_liu_tree
+from structtorch.train import build_datamodule, build_learner, run, world_size  # registers the schemas
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+MULAN = (REPO / ".." / "shared" / "data" / "mulan").resolve()  # the default data.root, from the repo root
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+MODELS, DATA, TRAINERS = options("model"), options("data"), options("trainer")
+EXPERIMENTS = options("experiment") if (CONF / "experiment").is_dir() else []
+CONFIG_ERRORS = (ConfigCompositionException, ConfigKeyError, ValidationError)
+SMALL = ["data.num_train=200", "data.num_test=100", "data.num_labels=5", "trainer.max_epochs=2", "logger=none",
+         "trainer.enable_progress_bar=false", "trainer.enable_checkpointing=false", "trainer.log_every_n_steps=1"]
+
+pytestmark = [pytest.mark.filterwarnings("ignore:.*does not have many workers"),
+              pytest.mark.filterwarnings("ignore:.*LeafSpec"),
+              pytest.mark.filterwarnings("ignore:.*log_every_n_steps"),
+              pytest.mark.filterwarnings("ignore:.*Checkpoint directory .* exists and is not empty"),
+              pytest.mark.filterwarnings("ignore:The dirpath has changed")]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _quiet_single_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    log = logging.getLogger("lightning.pytorch")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    yield
+    log.setLevel(level)
+    torch.set_num_threads(threads)
+
+
+def compose_cfg(overrides: list[str], config_dir: Path = CONF) -> DictConfig:
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def small_cfg(*overrides: str) -> DictConfig:
+    return compose_cfg([*SMALL, *overrides])
+
+
+# ---------------------------------------------------------------------- (a) compose every config
+def test_config_groups_are_not_empty():
+    assert {"independent", "fixed_tree"} <= set(MODELS)
+    assert {"synthetic", "mulan", "emotions"} <= set(DATA)
+    assert {"cpu", "gpu", "ddp"} <= set(TRAINERS)
+
+
+@pytest.mark.parametrize("model,data,trainer", list(itertools.product(MODELS, DATA, TRAINERS)))
+def test_every_config_combination_composes(model, data, trainer, monkeypatch):
+    monkeypatch.delenv("STRUCTTORCH_MULAN_ROOT", raising=False)
+    overrides = [f"model={model}", f"data={data}", f"trainer={trainer}"]
+    if data == "mulan":
+        overrides.append("data.name=emotions")
+    cfg = compose_cfg(overrides)
+    # everything resolves, nothing is missing
+    container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    assert set(container) >= {"model", "data", "trainer", "seed", "ckpt_path", "logger", "test"}
+    # model: a registered learner, and every option is an argument of its constructor
+    assert cfg.model.name in LEARNERS
+    cls = LEARNERS[cfg.model.name]
+    params = set(inspect.signature(cls.__init__).parameters) | set(
+        inspect.signature(StructuredLearner.__init__).parameters)
+    assert {f.name for f in dataclasses.fields(ModelConfig)} <= set(cfg.model)
+    assert set(cfg.model) - {"name", "tree"} <= params  # "tree" becomes FixedTree's edges in build_learner
+    # data
+    assert cfg.data.kind in ("mulan", "synthetic")
+    assert isinstance(cfg.data.batch_size, int) and cfg.data.batch_size >= 1
+    if cfg.data.kind == "mulan":
+        assert cfg.data.name == (data if data != "mulan" else "emotions")
+        assert cfg.data.root == "../shared/data/mulan"
+        if MULAN.is_dir():  # the default root, relative to the repo root, holds the dataset
+            assert (REPO / cfg.data.root / cfg.data.name / f"{cfg.data.name}-train.arff").is_file()
+    # trainer: exactly the schema's fields, all of them lightning.Trainer arguments
+    assert set(cfg.trainer) == {f.name for f in dataclasses.fields(TrainerConfig)}
+    assert set(cfg.trainer) <= set(inspect.signature(L.Trainer.__init__).parameters)
+    assert world_size(cfg.trainer) == (2 if trainer == "ddp" else 1)
+    if trainer == "ddp":
+        assert cfg.trainer.strategy == "ddp" and cfg.trainer.accelerator == "cpu" and cfg.trainer.devices == 2
+    if trainer == "gpu":
+        assert cfg.trainer.accelerator == "gpu"
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_config_composes(experiment, monkeypatch):
+    monkeypatch.delenv("STRUCTTORCH_MULAN_ROOT", raising=False)
+    cfg = compose_cfg([f"+experiment={experiment}"])
+    OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    assert cfg.model.name in LEARNERS and cfg.data.kind in ("mulan", "synthetic")
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_config_builds_a_learner(model):
+    cfg = small_cfg(f"model={model}")
+    dm = build_datamodule(cfg.data)
+    learner = build_learner(cfg.model, dm)
+    assert isinstance(learner, LEARNERS[cfg.model.name])
+    assert learner.hparams.num_features == dm.num_features and learner.hparams.num_labels == dm.num_labels
+    for key in set(ModelConfig.__dataclass_fields__) - {"name"}:
+        assert learner.hparams[key] == cfg.model[key]
+
+
+@pytest.mark.parametrize("override", ["model.lrr=0.1", "trainer.max_epoch=3", "data.num_trian=10", "seeed=1",
+                                      "model.tree=chain", "model.lr=abc", "trainer.max_epochs=many",
+                                      "data.name=emotions"])
+def test_typo_in_override_raises_config_error(override):
+    # model.tree does not exist for model=independent; data.name does not exist for data=synthetic
+    with pytest.raises(CONFIG_ERRORS):
+        compose_cfg(["model=independent", "data=synthetic", override])
+
+
+def test_unknown_group_option_raises():
+    with pytest.raises(MissingConfigException):
+        compose_cfg(["trainer=nope"])
+
+
+def test_typo_in_a_yaml_file_raises_config_error(tmp_path):
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    (conf / "model" / "typo.yaml").write_text("defaults:\n  - model_schema\nname: independent\nlrr: 0.1\n")
+    (conf / "trainer" / "typo.yaml").write_text("defaults:\n  - trainer_schema\nmax_epoch: 3\n")
+    assert compose_cfg(["model=independent"], conf).model.name == "independent"  # the copy itself is fine
+    with pytest.raises(CONFIG_ERRORS, match="lrr"):
+        compose_cfg(["model=typo"], conf)
+    with pytest.raises(CONFIG_ERRORS, match="max_epoch"):
+        compose_cfg(["trainer=typo"], conf)
+
+
+def test_mulan_root_comes_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("STRUCTTORCH_MULAN_ROOT", str(tmp_path))
+    cfg = compose_cfg(["data=emotions"])
+    assert cfg.data.root == str(tmp_path)
+
+
+# ---------------------------------------------------------------------- build_datamodule / build_learner
+def test_batch_size_is_global_and_split_across_processes():
+    cfg = small_cfg("data.batch_size=64")
+    assert build_datamodule(cfg.data).batch_size == 64
+    assert build_datamodule(cfg.data, processes=2).batch_size == 32
+    assert build_datamodule(cfg.data, processes=4).batch_size == 16
+    with pytest.raises(ValueError, match="batch_size"):
+        build_datamodule(small_cfg("data.batch_size=63").data, processes=2)
+
+
+def test_build_datamodule_rejects_an_unknown_kind():
+    with pytest.raises(ValueError, match="data.kind"):
+        build_datamodule(small_cfg("data.kind=csv").data)
+
+
+@pytest.mark.parametrize("tree", ["chain", "star", "empty", "chow_liu"])
+def test_build_learner_fixed_tree_structures(tree):
+    cfg = small_cfg("model=fixed_tree", f"model.tree={tree}")
+    dm = build_datamodule(cfg.data)
+    learner = build_learner(cfg.model, dm)
+    assert isinstance(learner, FixedTree)
+    n = dm.num_labels
+    expected = {"chain": Graph.chain(n), "star": Graph.star(n), "empty": Graph.empty(n),
+                "chow_liu": chow_liu_tree(dm.train_tensors[1])}[tree]
+    assert learner.hparams.edges == expected.edges.tolist()
+    assert torch.equal(learner.energy.graph.edges, expected.edges)
+
+
+def test_build_learner_rejects_unknown_tree_and_model_name():
+    cfg = small_cfg("model=fixed_tree", "model.tree=wheel")
+    dm = build_datamodule(cfg.data)
+    with pytest.raises(ValueError, match="model.tree"):
+        build_learner(cfg.model, dm)
+    cfg = small_cfg("model.name=crankk")
+    with pytest.raises(ValueError, match="model.name"):
+        build_learner(cfg.model, dm)
+
+
+# ---------------------------------------------------------------------- (b) run() writes metrics.json
+@pytest.mark.parametrize("overrides", [["model=independent"], ["model=fixed_tree"],
+                                       ["model=fixed_tree", "model.tree=chain", "logger=csv", "model.loss=crf"]])
+def test_run_writes_metrics_json(overrides, tmp_path):
+    cfg = small_cfg(*overrides)
+    metrics = run(cfg, tmp_path)
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    assert written == pytest.approx(metrics)
+    for key in ("test/hamming_acc", "test/subset_acc", "test/example_f1", "test/micro_f1", "test/macro_f1"):
+        assert 0.0 <= written[key] <= 1.0, key
+    assert written["train_seconds"] > 0 and written["test_seconds"] > 0
+    assert written["model"] == cfg.model.name and written["data"] == "synthetic"
+    # a real (if short) training run: clearly better than chance on 5 labels
+    assert written["test/hamming_acc"] > 0.75
+    if cfg.logger == "csv":
+        assert list(tmp_path.glob("csv/**/metrics.csv"))
+
+
+def test_run_without_test_writes_only_timing(tmp_path):
+    metrics = run(small_cfg("test=false", "trainer.max_epochs=1"), tmp_path)
+    assert "train_seconds" in metrics and not any(k.startswith("test") for k in metrics)
+    assert json.loads((tmp_path / "metrics.json").read_text())["model"] == "independent"
+
+
+# ---------------------------------------------------------------------- (c) checkpoint-resume
+class StopAfter(L.Callback):
+    """Simulates an interruption: stop once ``epochs`` epochs are done (max_epochs stays as configured)."""
+
+    def __init__(self, epochs: int) -> None:
+        self.epochs = epochs
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.current_epoch + 1 >= self.epochs:
+            trainer.should_stop = True
+
+
+def fresh(cfg: DictConfig):
+    L.seed_everything(cfg.seed, verbose=False)
+    dm = build_datamodule(cfg.data)
+    return dm, build_learner(cfg.model, dm)
+
+
+def trainer_for(cfg: DictConfig, max_epochs: int, callbacks=()) -> L.Trainer:
+    kwargs = OmegaConf.to_container(cfg.trainer)
+    kwargs.update(max_epochs=max_epochs, enable_checkpointing=bool(callbacks), enable_progress_bar=False)
+    return L.Trainer(**kwargs, logger=False, callbacks=list(callbacks))
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.energy.state_dict().items()}
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-6, atol=1e-7), (k, (a[k] - b[k]).abs().max())
+
+
+@pytest.mark.parametrize("model", ["independent", "fixed_tree"])
+def test_resume_after_interruption_gives_the_uninterrupted_weights(model, tmp_path):
+    cfg = small_cfg(f"model={model}", "trainer.max_epochs=4")  # default: Adam + cosine schedule
+    dm, m = fresh(cfg)
+    trainer_for(cfg, 4).fit(m, datamodule=dm)
+    uninterrupted = weights(m)
+
+    dm, m = fresh(cfg)
+    first = trainer_for(cfg, 4, [ModelCheckpoint(dirpath=tmp_path / "a", save_last=True), StopAfter(2)])
+    first.fit(m, datamodule=dm)
+    assert first.current_epoch == 2
+    with pytest.raises(AssertionError):  # the interrupted run really is different
+        assert_same_weights(weights(m), uninterrupted)
+
+    dm, m = fresh(cfg)
+    second = trainer_for(cfg, 4, [ModelCheckpoint(dirpath=tmp_path / "b", save_last=True)])
+    second.fit(m, datamodule=dm, ckpt_path=tmp_path / "a" / "last.ckpt")
+    assert second.current_epoch == 4
+    assert_same_weights(weights(m), uninterrupted)
+
+
+def test_resume_extending_max_epochs_gives_the_uninterrupted_weights(tmp_path):
+    """Train 2 epochs, then resume the checkpoint to 4 (constant learning rate)."""
+    cfg = small_cfg("model=fixed_tree", "model.lr_schedule=none")
+    dm, m = fresh(cfg)
+    trainer_for(cfg, 4).fit(m, datamodule=dm)
+    uninterrupted = weights(m)
+
+    dm, m = fresh(cfg)
+    trainer_for(cfg, 2, [ModelCheckpoint(dirpath=tmp_path / "a", save_last=True)]).fit(m, datamodule=dm)
+    dm, m = fresh(cfg)
+    trainer_for(cfg, 4, [ModelCheckpoint(dirpath=tmp_path / "b", save_last=True)]).fit(
+        m, datamodule=dm, ckpt_path=tmp_path / "a" / "last.ckpt")
+    assert_same_weights(weights(m), uninterrupted)
+
+
+def test_resume_extending_max_epochs_keeps_annealing_the_cosine_schedule(tmp_path):
+    cfg = small_cfg("model=independent")
+    dm, m = fresh(cfg)
+    trainer_for(cfg, 2, [ModelCheckpoint(dirpath=tmp_path / "a", save_last=True)]).fit(m, datamodule=dm)
+    dm, m = fresh(cfg)
+    second = trainer_for(cfg, 4, [ModelCheckpoint(dirpath=tmp_path / "b", save_last=True)])
+    second.fit(m, datamodule=dm, ckpt_path=tmp_path / "a" / "last.ckpt")
+    assert second.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_run_resumes_from_cfg_ckpt_path(tmp_path):
+    """run() with ckpt_path continues a 2-epoch run to 4 epochs: same test metrics as 4 epochs straight."""
+    base = ["model=fixed_tree", "model.lr_schedule=none", "trainer.enable_checkpointing=true"]
+    straight = run(small_cfg(*base, "trainer.max_epochs=4"), tmp_path / "straight")
+    run(small_cfg(*base, "trainer.max_epochs=2"), tmp_path / "first")
+    ckpts = sorted((tmp_path / "first").glob("**/*.ckpt"))
+    assert len(ckpts) == 1, ckpts
+    resumed = run(small_cfg(*base, "trainer.max_epochs=4", f"ckpt_path='{ckpts[0]}'"), tmp_path / "resumed")
+    tests = [k for k in straight if k.startswith("test/")]
+    assert tests and {k: resumed[k] for k in tests} == {k: straight[k] for k in tests}
+
+
+# ---------------------------------------------------------------------- (d) the real CLI
+def cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="1", PYTHONWARNINGS="ignore")
+    env.pop("STRUCTTORCH_MULAN_ROOT", None)
+    return subprocess.run([sys.executable, "-m", "structtorch.train", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+CLI_TRAINER = ["trainer.max_epochs=1", "logger=none", "trainer.enable_progress_bar=false",
+               "trainer.enable_checkpointing=false"]
+CLI_SMALL = ["data.num_train=200", "data.num_test=100", *CLI_TRAINER]
+
+
+def test_cli_single_run(tmp_path):
+    out = tmp_path / "run"
+    proc = cli(*CLI_SMALL, f"hydra.run.dir={out}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["model"] == "independent" and metrics["data"] == "synthetic"
+    assert 0 <= metrics["test/hamming_acc"] <= 1 and metrics["train_seconds"] > 0
+    assert "test/hamming_acc" in proc.stdout  # the printed summary
+    saved = OmegaConf.load(out / ".hydra" / "config.yaml")
+    assert saved.trainer.max_epochs == 1 and saved.data.num_train == 200
+
+
+def test_cli_multirun_with_the_basic_launcher(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = cli("-m", "model=independent,fixed_tree", *CLI_SMALL, f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jobs = sorted(p.parent for p in sweep.glob("*/metrics.json"))
+    assert [j.name for j in jobs] == ["0", "1"]
+    models = sorted(json.loads((j / "metrics.json").read_text())["model"] for j in jobs)
+    assert models == ["fixed_tree", "independent"]
+    assert (sweep / "multirun.yaml").is_file()
+
+
+def test_cli_missing_mulan_dataset_names_the_path(tmp_path):
+    proc = cli("data=mulan", "data.name=nope", f"data.root={tmp_path}", *CLI_TRAINER,
+               f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert "FileNotFoundError" in output
+    assert str(tmp_path / "nope" / "nope-train.arff") in output
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_cli_typo_fails_before_training(tmp_path):
+    proc = cli("trainer.max_epoch=1", f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode != 0
+    assert "max_epoch" in proc.stdout + proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_independent_and_fixed_tree_are_the_configured_models():
+    assert compose_cfg(["model=independent"]).model.name == "independent"
+    cfg = compose_cfg(["model=fixed_tree"])
+    assert cfg.model.name == "fixed_tree" and cfg.model.tree == "chow_liu"
+    assert LEARNERS["independent"] is Independent
