@@ -306,9 +306,11 @@ def _build_schedule(graph: Graph, compress: bool = True) -> Schedule:
 def _contraction_steps(parent: np.ndarray, compress: bool = True) -> list[tuple]:
     """Rake/compress rounds (Miller-Reif tree contraction) until only roots remain.
 
-    Each round rakes every live non-root leaf, then compresses an independent set of the
-    live non-root nodes with exactly one live child (those at even current depth within their
-    unary chain run), so any tree, a path included, contracts in O(log n) rounds.
+    Each round rakes the live non-root leaves (except a leaf whose parent is itself a non-root
+    node with one child: compressing that parent carries the leaf up instead), then compresses
+    an independent set of the live non-root nodes with exactly one live child (even positions
+    within each run of such nodes), so any tree, a path included, contracts in O(log n) rounds:
+    a path takes log2(n) compress steps and one rake.
     Without ``compress`` only the rakes remain: one step per level of height.
     """
     parent = parent.copy()
@@ -320,7 +322,11 @@ def _contraction_steps(parent: np.ndarray, compress: bool = True) -> list[tuple]
         if not nonroot.any():
             return steps
         children = np.bincount(parent[nonroot], minlength=n)
-        leaves = np.flatnonzero(nonroot & (children == 0))
+        leaf = nonroot & (children == 0)
+        if compress:  # a leaf under a single-child non-root node rides up with that node's compression
+            par = np.where(parent >= 0, parent, 0)
+            leaf &= ~((parent[par] >= 0) & (children[par] == 1))
+        leaves = np.flatnonzero(leaf)
         if len(leaves):
             steps.append(("rake", leaves, parent[leaves], None))
             live[leaves] = False

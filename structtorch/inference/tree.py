@@ -9,6 +9,10 @@ The forward contraction in the (max, +) semiring gives the MAP score, in the (lo
 semiring log Z. Running the steps backwards recovers the argmax (backtracking), exact samples
 (backward sampling), or the marginals (an outside pass), from the snapshots the forward pass
 kept, without an autograd graph of the loop.
+
+Internally every tensor is slot-major and batch-minor (unary [N, K, B], edge matrices
+[N, K, K, B]): the batch is the contiguous innermost dim, so the semiring products vectorise
+over examples and reductions over states are cheap outer-dim reductions.
 """
 
 from __future__ import annotations
@@ -22,28 +26,26 @@ from ..potentials import Potentials
 
 __all__ = ["tree_map", "tree_logz", "tree_marginals", "tree_sample"]
 
-_CHUNK_ELEMENTS = 1 << 25  # cap on the [B, S, K, K, K] intermediate of a compress step
 
 
 @dataclass
 class _Tape:
-    """What the forward contraction kept of one step (slot-major: S removed nodes, then batch B).
+    """What the forward contraction kept of one step (S removed nodes; batch-minor).
 
-    a: [S, B, K, K], the removed node's edge matrix plus its unary, (x_parent, x_node).
-    m_child / m_new: compress steps, the child's edge matrix before (x_node, x_child) and after
-    (x_parent, x_child). arg: max semiring only, the maximising x_node, [S, B, K] for a rake
-    (per x_parent) and [S, B, K, K] for a compress (per x_parent, x_child).
+    (max, +): ``arg``, the maximising x_node: [S, K, B] per x_parent (rake), [S, K, K, B] per
+    (x_parent, x_child) (compress).
+    (logsumexp, +): ``cond``, the removed node's conditional distribution: P(x_node | x_parent)
+    [S, K, K, B] laid out (p, node) (rake), P(x_node | x_parent, x_child) [S, K, K, K, B] laid out
+    (p, node, c) (compress); all zeros in a zero-probability context.
     """
 
-    a: torch.Tensor | None = None
-    m_child: torch.Tensor | None = None
-    m_new: torch.Tensor | None = None
     arg: torch.Tensor | None = None
+    cond: torch.Tensor | None = None
 
 
 # ---------------------------------------------------------------------- layout
 def _flat(pot: Potentials, op: str) -> tuple[torch.Tensor, torch.Tensor, Schedule, torch.Size]:
-    """Slot-major unary [N, B, K] and pairwise [NE, B, K, K] over all node/edge slots, with the schedule."""
+    """Batch-minor unary [N, K, B] and pairwise [NE, K, K, B] over all node/edge slots, with the schedule."""
     if not isinstance(pot, Potentials):
         raise TypeError(f"{op} expects a structtorch.Potentials, got {type(pot).__name__}")
     pot.graph.require_forest(op)
@@ -53,7 +55,7 @@ def _flat(pot: Potentials, op: str) -> tuple[torch.Tensor, torch.Tensor, Schedul
     sched = _cheapest_schedule(pot.graph, batch.numel(), K, pot.device)
     u = u.reshape(-1, sched.num_slots, K)
     p = p.reshape(u.shape[0], -1, K, K)
-    return u.transpose(0, 1), p.transpose(0, 1), sched, batch
+    return u.permute(1, 2, 0), p.permute(1, 2, 3, 0), sched, batch
 
 
 # Rough per-step launch/dispatch cost and per-element cost (seconds) of the contraction loop, by
@@ -79,12 +81,12 @@ def _cheapest_schedule(graph, B: int, K: int, device: torch.device) -> Schedule:
 
 
 def _edge_matrices(pair: torch.Tensor, sched: Schedule) -> torch.Tensor:
-    """M [N, B, K, K]: M[v] = potential of v's parent edge, oriented (x_parent, x_v); roots unused."""
-    NE, B, K, _ = pair.shape
+    """M [N, K, K, B]: M[v] = potential of v's parent edge, oriented (x_parent, x_v); roots unused."""
+    NE, K, _, B = pair.shape
     if NE == 0:
-        return pair.new_zeros(sched.num_slots, B, K, K)
+        return pair.new_zeros(sched.num_slots, K, K, B)
     M = pair[sched.parent_edge.clamp(min=0)]
-    M[sched.flipped] = M[sched.flipped].transpose(-1, -2)
+    M[sched.flipped] = M[sched.flipped].transpose(1, 2)
     return M
 
 
@@ -93,137 +95,137 @@ def _out_shape(values: torch.Tensor, batch: torch.Size, ensemble: bool) -> torch
     return values.T.reshape(*batch, values.shape[0]) if ensemble else values.reshape(batch)
 
 
-def _chunks(S: int, B: int, K: int) -> list[slice]:
-    """Slices of the S dim keeping a [S, B, K, K, K] intermediate under _CHUNK_ELEMENTS."""
-    step = max(1, _CHUNK_ELEMENTS // max(1, B * K ** 3))
-    return [slice(i, min(S, i + step)) for i in range(0, S, step)]
-
-
 # ---------------------------------------------------------------------- forward contraction
-def _contract(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule, semiring: str
+def _contract(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule, semiring: str, keep: bool = True
               ) -> tuple[torch.Tensor, torch.Tensor, list[_Tape]]:
     """Run all steps in the (max, +) or (logsumexp, +) semiring.
 
-    unary [N, B, K], pair [NE, B, K, K] -> per-graph values [G, B], final unary [N, B, K], tape.
+    unary [N, K, B], pair [NE, K, K, B] -> per-graph values [G, B], final unary [N, K, B], tape
+    (empty tapes when ``keep`` is False: the value alone).
     """
-    is_max = semiring == "max"
+    reduce = _max_and_arg if semiring == "max" else _lse_and_cond if keep else _lse_only
     U = unary.clone(memory_format=torch.contiguous_format)
     M = _edge_matrices(pair, sched)
-    _, B, K = U.shape
     tape = []
     for step in sched.steps:
-        a = M[step.node] + U[step.node].unsqueeze(-2)  # (x_parent, x_node)
+        a = M[step.node] + U[step.node].unsqueeze(1)  # (x_parent, x_node, b)
         if step.kind == "rake":
-            msg, arg = a.max(-1) if is_max else (a.logsumexp(-1), None)
+            msg, kept = reduce(a, 2)
             U.index_add_(0, step.parent, msg)
-            tape.append(_Tape(arg=arg) if is_max else _Tape(a))
-            continue
-        m_child = M[step.child]
-        parts = []
-        for c in _chunks(len(step.node), B, K):
-            s = a[c, :, :, :, None] + m_child[c, :, None, :, :]  # (x_parent, x_node, x_child)
-            parts.append(s.max(-2) if is_max else (s.logsumexp(-2), None))
-        m_new = torch.cat([v for v, _ in parts])
-        M[step.child] = m_new
-        tape.append(_Tape(arg=torch.cat([i for _, i in parts])) if is_max else _Tape(a, m_child, m_new))
+        else:
+            M[step.child], kept = reduce(a[:, :, :, None] + M[step.child][:, None], 2)  # (p, node, c, b)
+        tape.append(_Tape(arg=kept) if semiring == "max" else _Tape(cond=kept))
     root_u = U[sched.roots]
-    per_root = root_u.amax(-1) if is_max else root_u.logsumexp(-1)  # [R, B]
-    values = per_root.new_zeros(sched.num_groups, B).index_add_(0, sched.root_group, per_root)
+    per_root = root_u.amax(1) if semiring == "max" else root_u.logsumexp(1)  # [R, B]
+    values = per_root.new_zeros(sched.num_groups, U.shape[2]).index_add_(0, sched.root_group, per_root)
     return values, U, tape
+
+
+def _max_and_arg(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.max(dim)
+
+
+def _lse_only(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, None]:
+    return x.logsumexp(dim), None
+
+
+def _lse_and_cond(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """log-sum-exp over ``dim`` and the normalised exp (the conditional), from one exp pass.
+
+    All -inf slices give -inf and an all-zero conditional (never NaN).
+    """
+    m = x.amax(dim, keepdim=True).clamp_min(torch.finfo(x.dtype).min)
+    e = (x - m).exp()
+    z = e.sum(dim, keepdim=True)  # in {0} or [1, K]: the max contributes exp(0)
+    return (z.log() + m).squeeze(dim), e / z.clamp_min(1.0)
 
 
 # ---------------------------------------------------------------------- backward passes
 def _argmax_backtrack(U: torch.Tensor, tape: list[_Tape], sched: Schedule) -> torch.Tensor:
     """MAP assignment y [N, B] from the argmax tables of a max-semiring contraction."""
-    N, B, K = U.shape
+    N, K, B = U.shape
     y = torch.zeros(N, B, dtype=torch.long, device=U.device)
-    y[sched.roots] = U[sched.roots].argmax(-1)
+    y[sched.roots] = U[sched.roots].argmax(1)
     for step, t in zip(reversed(sched.steps), reversed(tape)):
         idx = y[step.parent]
         if step.kind == "compress":
             idx = idx * K + y[step.child]
-        y[step.node] = t.arg.flatten(2).gather(-1, idx.unsqueeze(-1)).squeeze(-1)
+        y[step.node] = t.arg.flatten(1, -2).gather(1, idx.unsqueeze(1)).squeeze(1)
     return y
 
 
 def _row(m: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """m [S, B, K, K], idx [S, X, B] -> m[s, b, idx[s, x, b], :] as [S, X, B, K]."""
+    """m [S, B, R, K], idx [S, X, B] -> m[s, b, idx[s, x, b], :] as [S, X, B, K]."""
     S, X, B = idx.shape
-    K = m.shape[-1]
-    m = m.unsqueeze(1).expand(S, X, B, K, K)
+    R, K = m.shape[-2:]
+    m = m.unsqueeze(1).expand(S, X, B, R, K)
     return m.gather(-2, idx[..., None, None].expand(S, X, B, 1, K)).squeeze(-2)
 
 
-def _gumbel_argmax(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """A sample of softmax(logits) over the last dim (Gumbel-max)."""
-    g = torch.rand(logits.shape, generator=generator, dtype=logits.dtype, device=logits.device)
-    return (logits - torch.log(-torch.log(g.clamp_min(torch.finfo(g.dtype).tiny)))).argmax(-1)
+def _sample_categorical(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row of probs [..., K] (rows sum to 1) by inverse CDF."""
+    u = torch.rand(probs.shape[:-1], generator=generator, dtype=probs.dtype, device=probs.device)
+    return (probs.cumsum(-1) <= u.unsqueeze(-1)).sum(-1).clamp_max(probs.shape[-1] - 1)
 
 
 def _sample_backtrack(U: torch.Tensor, tape: list[_Tape], sched: Schedule, num_samples: int,
                       generator: torch.Generator | None) -> torch.Tensor:
     """Exact samples y [N, X, B] by backward sampling through a logsumexp contraction:
     a raked node given its parent, a compressed node given its parent and child."""
-    N, B, K = U.shape
+    N, K, B = U.shape
     y = torch.zeros(N, num_samples, B, dtype=torch.long, device=U.device)
-    root_u = U[sched.roots].unsqueeze(1).expand(-1, num_samples, B, K)
-    y[sched.roots] = _gumbel_argmax(root_u, generator)
+    root_p = _lse_and_cond(U[sched.roots], 1)[1].transpose(1, 2)  # [R, B, K]
+    y[sched.roots] = _sample_categorical(root_p.unsqueeze(1).expand(-1, num_samples, B, K), generator)
     for step, t in zip(reversed(sched.steps), reversed(tape)):
-        logits = _row(t.a, y[step.parent])
-        if step.kind == "compress":
-            logits = logits + _row(t.m_child.transpose(-1, -2), y[step.child])
-        y[step.node] = _gumbel_argmax(logits, generator)
+        if step.kind == "rake":  # rows indexed by x_parent
+            probs = _row(t.cond.permute(0, 3, 1, 2), y[step.parent])
+        else:  # rows indexed by (x_parent, x_child)
+            rows = t.cond.permute(0, 4, 1, 3, 2).reshape(-1, B, K * K, K)
+            probs = _row(rows, y[step.parent] * K + y[step.child])
+        y[step.node] = _sample_categorical(probs, generator)
     return y
 
 
-def _safe_exp(t: torch.Tensor) -> torch.Tensor:
-    """exp with NaN (from -inf - -inf, a zero-probability context) mapped to 0."""
-    return torch.nan_to_num(t.exp(), nan=0.0)
-
-
 def _marginals(U: torch.Tensor, tape: list[_Tape], sched: Schedule) -> tuple[torch.Tensor, torch.Tensor]:
-    """Outside pass: unary marginals [N, B, K] and joints across each slot's parent edge [N, B, K, K].
+    """Outside pass: unary marginals [N, K, B] and joints across each slot's parent edge [N, K, K, B].
 
     J[v] is the joint across v's *current* edge matrix while undoing the steps: a rake gives
     J = mu_parent * P(x_v | x_parent); a compress splits the joint across (parent, child) into
-    the triple (parent, v, child) and so into the joints across its two edges.
+    the triple (parent, v, child) = J * P(x_v | x_parent, x_child), and so into its two edges.
     """
-    N, B, K = U.shape
-    mu = U.new_zeros(N, B, K)
-    J = U.new_zeros(N, B, K, K)  # (x_parent, x_node)
-    root_u = U[sched.roots]
-    mu[sched.roots] = _safe_exp(root_u - root_u.logsumexp(-1, keepdim=True))
+    N, K, B = U.shape
+    mu = U.new_zeros(N, K, B)
+    J = U.new_zeros(N, K, K, B)  # (x_parent, x_node, b)
+    mu[sched.roots] = _lse_and_cond(U[sched.roots], 1)[1]
     for step, t in zip(reversed(sched.steps), reversed(tape)):
         if step.kind == "rake":
-            joint = mu[step.parent].unsqueeze(-1) * _safe_exp(t.a - t.a.logsumexp(-1, keepdim=True))
+            joint = mu[step.parent].unsqueeze(2) * t.cond
             J[step.node] = joint
-            mu[step.node] = joint.sum(-2)
+            mu[step.node] = joint.sum(1)
             continue
-        j_new = J[step.child]  # (x_parent, x_child)
-        for c in _chunks(len(step.node), B, K):
-            s = t.a[c, :, :, :, None] + t.m_child[c, :, None, :, :]
-            triple = j_new[c, :, :, None, :] * _safe_exp(s - t.m_new[c, :, :, None, :])  # (p, v, c)
-            J[step.node[c]] = triple.sum(-1)
-            J[step.child[c]] = triple.sum(-3)
-            mu[step.node[c]] = triple.sum((-3, -1))
+        triple = J[step.child].unsqueeze(2) * t.cond  # (p, v, c, b)
+        joint = triple.sum(3)
+        J[step.node] = joint
+        J[step.child] = triple.sum(1)
+        mu[step.node] = joint.sum(1)
     return mu, J
 
 
 def _pair_from_joints(J: torch.Tensor, sched: Schedule, num_edge_slots: int) -> torch.Tensor:
-    """Per-slot joints [N, B, K, K] (x_parent, x_v) -> per-edge [NE, B, K, K] in stored orientation."""
-    _, B, K, _ = J.shape
-    out = J.new_zeros(num_edge_slots, B, K, K)
+    """Per-slot joints [N, K, K, B] (x_parent, x_v) -> per-edge [NE, K, K, B] in stored orientation."""
+    _, K, _, B = J.shape
+    out = J.new_zeros(num_edge_slots, K, K, B)
     out[sched.parent_edge[sched.children]] = J[sched.children]
     flipped = sched.parent_edge[sched.flipped]
-    out[flipped] = out[flipped].transpose(-1, -2)
+    out[flipped] = out[flipped].transpose(1, 2)
     return out
 
 
 def _one_hot(y: torch.Tensor, sched: Schedule, num_edge_slots: int, K: int, dtype: torch.dtype
              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One-hot of an assignment y [N, B]: unary [N, B, K], pairwise [NE, B, K, K]."""
-    oh = torch.nn.functional.one_hot(y, K).to(dtype)
-    J = oh[sched.parent.clamp(min=0), :, :, None] * oh[:, :, None, :]  # (x_parent, x_node)
+    """One-hot of an assignment y [N, B]: unary [N, K, B], pairwise [NE, K, K, B]."""
+    oh = torch.nn.functional.one_hot(y, K).to(dtype).transpose(1, 2)
+    J = oh[sched.parent.clamp(min=0)].unsqueeze(2) * oh.unsqueeze(1)  # (x_parent, x_node, b)
     return oh, _pair_from_joints(J, sched, num_edge_slots)
 
 
@@ -240,7 +242,7 @@ class _TreeMap(torch.autograd.Function):
             values, U, tape = _contract(unary, pair, sched, "max")
             y = _argmax_backtrack(U, tape, sched)
         ctx.save_for_backward(y, values)
-        ctx.sched, ctx.num_edge_slots, ctx.num_states = sched, pair.shape[0], unary.shape[-1]
+        ctx.sched, ctx.num_edge_slots, ctx.num_states = sched, pair.shape[0], unary.shape[1]
         ctx.mark_non_differentiable(y)
         return values, y
 
@@ -250,14 +252,14 @@ class _TreeMap(torch.autograd.Function):
         y, values = ctx.saved_tensors
         grad = torch.where(torch.isfinite(values), grad_values, 0.0)  # no subgradient at -inf
         gu, gp = _one_hot(y, ctx.sched, ctx.num_edge_slots, ctx.num_states, grad.dtype)
-        return gu * _per_slot(grad, gu.shape[0])[..., None], gp * _per_slot(grad, gp.shape[0])[..., None, None], None
+        return gu * _per_slot(grad, gu.shape[0])[:, None], gp * _per_slot(grad, gp.shape[0])[:, None, None], None
 
 
 class _TreeLogZ(torch.autograd.Function):
     @staticmethod
     def forward(ctx, unary, pair, sched):  # noqa: D102
         with torch.no_grad():
-            values, _, _ = _contract(unary, pair, sched, "sum")
+            values, _, _ = _contract(unary, pair, sched, "sum", keep=False)
         ctx.save_for_backward(unary, pair)
         ctx.sched = sched
         return values
@@ -267,20 +269,20 @@ class _TreeLogZ(torch.autograd.Function):
     def backward(ctx, grad_values):  # noqa: D102
         unary, pair = ctx.saved_tensors
         mu, mu_pair = _marginal_tensors(unary, pair, ctx.sched)
-        return (mu * _per_slot(grad_values, mu.shape[0])[..., None],
-                mu_pair * _per_slot(grad_values, mu_pair.shape[0])[..., None, None], None)
+        return (mu * _per_slot(grad_values, mu.shape[0])[:, None],
+                mu_pair * _per_slot(grad_values, mu_pair.shape[0])[:, None, None], None)
 
 
 def _marginal_tensors(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unary [N, B, K] and pairwise [NE, B, K, K] marginals: one contraction and one outside pass."""
+    """Unary [N, K, B] and pairwise [NE, K, K, B] marginals: one contraction and one outside pass."""
     with torch.no_grad():
         logz, U, tape = _contract(unary, pair, sched, "sum")
         mu, J = _marginals(U, tape, sched)
         possible = torch.isfinite(logz).to(mu.dtype)  # [G, B]: a graph with Z = 0 has no marginals
         mu_pair = _pair_from_joints(J, sched, pair.shape[0])
-    mu = mu * _per_slot(possible, mu.shape[0])[..., None]
-    return mu, mu_pair * _per_slot(possible, mu_pair.shape[0])[..., None, None]
+    mu = mu * _per_slot(possible, mu.shape[0])[:, None]
+    return mu, mu_pair * _per_slot(possible, mu_pair.shape[0])[:, None, None]
 
 
 # ---------------------------------------------------------------------- public ops
@@ -315,8 +317,8 @@ def tree_marginals(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
     g = pot.graph
     lead = _lead(batch, g)
     K = pot.num_states
-    return (mu.transpose(0, 1).reshape(*lead, g.num_nodes, K),
-            mu_pair.transpose(0, 1).reshape(*lead, g.num_edges, K, K))
+    return (mu.permute(2, 0, 1).reshape(*lead, g.num_nodes, K),
+            mu_pair.permute(3, 0, 1, 2).reshape(*lead, g.num_edges, K, K))
 
 
 def tree_sample(pot: Potentials, num_samples: int, generator: torch.Generator | None = None) -> torch.Tensor:
