@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from benchutil import timeit
 
 import structtorch as st
 from structtorch import inference as inf
@@ -61,24 +62,6 @@ def to_torch_struct(unary: torch.Tensor, pairwise: torch.Tensor) -> torch.Tensor
     edge = pairwise.transpose(-1, -2) + unary[:, 1:, :, None]
     edge[:, 0] += unary[:, 0][:, None, :]
     return edge
-
-
-def timeit(fn, device: torch.device, repeats: int) -> float:
-    """Median seconds of repeats calls after one warm-up call (3 calls when the warm-up took over 1 s)."""
-    t = time.perf_counter()
-    fn()
-    if time.perf_counter() - t > 1.0:
-        repeats = min(repeats, 3)
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
 
 
 def loglog_slope(xs: list[int], ts: list[float], min_x: int) -> float:

@@ -24,12 +24,10 @@ optimum). --threads sets torch's CPU threads (default 1: HiGHS runs single-threa
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
-from pathlib import Path
 
 import torch
+from benchutil import write_results
 
 import structtorch as st
 from structtorch import inference as inf
@@ -127,15 +125,8 @@ def main() -> None:
               f"{r['equal_assignment_fraction']:>8.2f} {r['node_agreement']:>8.3f} "
               f"{r['lp_fractional_node_fraction']:>8.3f} {r['mean_dual_gap']:>9.4f} {r['eps_h_max']:>9.2f}",
               flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"device": str(device), "torch": torch.__version__, "threads": args.threads,
-            "platform": platform.platform(), "processor": platform.processor(),
-            "cuda_device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "iters": args.iters, "eps_scale": args.eps_scale, "coupling": args.coupling,
-            "dtype": "float32", "K": K_STATES, "batch": BATCH}
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    print(f"wrote {out}")
+    write_results(args.out, rows, device, iters=args.iters, eps_scale=args.eps_scale, coupling=args.coupling,
+                  dtype="float32", K=K_STATES, batch=BATCH)
 
 
 if __name__ == "__main__":

@@ -21,15 +21,13 @@ is single-threaded, and one thread is stable on a shared machine.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import time
-from pathlib import Path
 
 import numpy as np
 import scipy
 import scipy.sparse as sp
 import torch
+from benchutil import timeit as _timeit
+from benchutil import write_results
 from scipy.sparse.csgraph import minimum_spanning_tree
 
 import structtorch as st
@@ -38,20 +36,7 @@ from structtorch.structure.spanning import _boruvka, _edge_keys, _endpoints
 
 
 def timeit(fn, device: torch.device, repeats: int) -> float:
-    t = time.perf_counter()
-    fn()  # warm-up (edge cache, allocator)
-    if time.perf_counter() - t > 0.25:  # slow baselines: fewer repeats keep a run ~2 minutes
-        repeats = min(repeats, 2)
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
+    return _timeit(fn, device, repeats, slow_after=0.25, slow_repeats=2)  # slow baselines: keep a run ~2 min
 
 
 def plain_boruvka(w: torch.Tensor, g: st.Graph) -> torch.Tensor:
@@ -148,14 +133,7 @@ def main() -> None:
     print(f"device={device} torch={torch.__version__} scipy={scipy.__version__} threads={torch.get_num_threads()}")
     print("    n       E weights   B | st (ms)  boruvka  sort+uf |    scipy scipy+io | scipy/st")
     rows = run(device, ns, [1, 10], args.repeats)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"device": str(device), "torch": torch.__version__, "scipy": scipy.__version__,
-            "machine": platform.machine(), "processor": platform.processor(),
-            "threads": torch.get_num_threads(), "repeats": args.repeats,
-            "cuda_device": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_results(args.out, rows, device, scipy=scipy.__version__, repeats=args.repeats)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,9 @@ with a float64 reference (max absolute error reported).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import time
-from pathlib import Path
 
 import torch
+from benchutil import timeit, write_results
 
 import structtorch as st
 from structtorch import inference as inf
@@ -32,20 +29,6 @@ def to_torch_struct(unary: torch.Tensor, pairwise: torch.Tensor) -> torch.Tensor
     edge = pairwise.transpose(-1, -2) + unary[:, 1:, :, None]
     edge[:, 0] += unary[:, 0][:, None, :]
     return edge
-
-
-def timeit(fn, device: torch.device, repeats: int) -> float:
-    fn()  # warm-up (schedule cache, allocator)
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
 
 
 def check(pot: st.Potentials, edge: torch.Tensor) -> dict:
@@ -101,12 +84,7 @@ def main() -> None:
     print("    B     n  K | map: structtorch  torch-struct  ratio | marginals: structtorch  torch-struct  ratio"
           " | marginal error vs float64: structtorch torch-struct")
     rows = run(device, sizes, args.repeats)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"device": str(device), "torch": torch.__version__, "machine": platform.machine(),
-            "threads": torch.get_num_threads()}
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_results(args.out, rows, device)
 
 
 if __name__ == "__main__":
