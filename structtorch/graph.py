@@ -44,7 +44,7 @@ class Schedule:
     flip: BoolTensor [N]; True when the edge is stored as (v, parent) rather than (parent, v).
     children: LongTensor [N - R]; the non-root slots. flipped: LongTensor; the slots with flip True.
     roots: LongTensor [R]; root_group: LongTensor [R], the graph (ensemble member) of each root.
-    steps: the rake / compress steps, in order.
+    steps: the rake / compress steps, in order; num_raked / num_compressed: nodes they remove.
     """
 
     num_slots: int
@@ -57,6 +57,8 @@ class Schedule:
     roots: torch.Tensor
     root_group: torch.Tensor
     steps: tuple[Step, ...]
+    num_raked: int = 0
+    num_compressed: int = 0
 
     def to(self, device: torch.device) -> Schedule:
         def mv(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -74,6 +76,8 @@ class Schedule:
             mv(self.roots),
             mv(self.root_group),
             steps,
+            self.num_raked,
+            self.num_compressed,
         )
 
 
@@ -300,6 +304,8 @@ def _build_schedule(graph: Graph, compress: bool = True) -> Schedule:
             Step(kind, as_long(node), as_long(par), None if ch is None else as_long(ch))
             for kind, node, par, ch in steps
         ),
+        num_raked=sum(len(node) for kind, node, _, _ in steps if kind == "rake"),
+        num_compressed=sum(len(node) for kind, node, _, _ in steps if kind == "compress"),
     )
 
 
