@@ -51,40 +51,39 @@ class _MultilabelMetric(Metric):
     full_state_update = False
 
 
-class HammingAccuracy(_MultilabelMetric):
+class _CountRatio(_MultilabelMetric):
+    """correct / total, both summed across batches and processes; subclasses count them."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.add_state("correct", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def _count(self, p: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, int]:
+        raise NotImplementedError
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        """preds, target: [B, L] in {0, 1}."""
+        correct, total = self._count(*_check(preds, target))
+        self.correct += correct
+        self.total += total
+
+    def compute(self) -> torch.Tensor:
+        return (self.correct.double() / self.total.clamp(min=1)).float()
+
+
+class HammingAccuracy(_CountRatio):
     """Fraction of correctly predicted labels over all examples and labels (1 - Hamming loss)."""
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.add_state("correct", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-        self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-
-    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        """preds, target: [B, L] in {0, 1}."""
-        p, t = _check(preds, target)
-        self.correct += (p == t).sum()
-        self.total += t.numel()
-
-    def compute(self) -> torch.Tensor:
-        return (self.correct.double() / self.total.clamp(min=1)).float()
+    def _count(self, p: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return (p == t).sum(), t.numel()
 
 
-class SubsetAccuracy(_MultilabelMetric):
+class SubsetAccuracy(_CountRatio):
     """Fraction of examples whose whole label vector is right (0/1 accuracy, exact match)."""
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.add_state("correct", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-        self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-
-    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        """preds, target: [B, L] in {0, 1}."""
-        p, t = _check(preds, target)
-        self.correct += (p == t).all(-1).sum()
-        self.total += t.shape[0]
-
-    def compute(self) -> torch.Tensor:
-        return (self.correct.double() / self.total.clamp(min=1)).float()
+    def _count(self, p: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return (p == t).all(-1).sum(), t.shape[0]
 
 
 class ExampleF1(_MultilabelMetric):

@@ -6,6 +6,9 @@ Test modules import the helpers with ``from conftest import ...`` (pytest puts `
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 import torch
 from hypothesis import strategies as st
 
@@ -194,3 +197,16 @@ def assignment_index(y: torch.Tensor, K: int) -> torch.Tensor:
     n = y.shape[-1]
     powers = K ** torch.arange(n - 1, -1, -1)
     return (y * powers).sum(-1)
+
+
+@pytest.fixture(scope="module")
+def quiet_single_thread():
+    """Tiny tensors: intra-op threads only cost time (a lot on a busy machine); Lightning logs off."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    log = logging.getLogger("lightning.pytorch")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    yield
+    log.setLevel(level)
+    torch.set_num_threads(threads)

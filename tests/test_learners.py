@@ -4,8 +4,6 @@ errors, saved hyper-parameters / load_from_checkpoint, and the Chow-Liu tree."""
 
 from __future__ import annotations
 
-import logging
-
 import lightning as L
 import pytest
 import torch
@@ -20,22 +18,10 @@ from structtorch.structure.edge_scores import chow_liu_tree
 EPOCHS = 12
 LR = 0.05
 
-pytestmark = [pytest.mark.filterwarnings("ignore:.*does not have many workers"),
+pytestmark = [pytest.mark.usefixtures("quiet_single_thread"),
+              pytest.mark.filterwarnings("ignore:.*does not have many workers"),
               pytest.mark.filterwarnings("ignore:.*LeafSpec"),
               pytest.mark.filterwarnings("ignore:.*self.trainer. reference is not registered")]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _quiet_single_thread():
-    """Tiny tensors: intra-op threads only cost time (and a lot of it on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    log = logging.getLogger("lightning.pytorch")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    yield
-    log.setLevel(level)
-    torch.set_num_threads(threads)
 
 
 def make_trainer(epochs: int = EPOCHS, **kwargs) -> L.Trainer:

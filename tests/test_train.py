@@ -8,7 +8,6 @@ import dataclasses
 import inspect
 import itertools
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -45,23 +44,12 @@ CONFIG_ERRORS = (ConfigCompositionException, ConfigKeyError, ValidationError)
 SMALL = ["data.num_train=200", "data.num_test=100", "data.num_labels=5", "trainer.max_epochs=2", "logger=none",
          "trainer.enable_progress_bar=false", "trainer.enable_checkpointing=false", "trainer.log_every_n_steps=1"]
 
-pytestmark = [pytest.mark.filterwarnings("ignore:.*does not have many workers"),
+pytestmark = [pytest.mark.usefixtures("quiet_single_thread"),
+              pytest.mark.filterwarnings("ignore:.*does not have many workers"),
               pytest.mark.filterwarnings("ignore:.*LeafSpec"),
               pytest.mark.filterwarnings("ignore:.*log_every_n_steps"),
               pytest.mark.filterwarnings("ignore:.*Checkpoint directory .* exists and is not empty"),
               pytest.mark.filterwarnings("ignore:The dirpath has changed")]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _quiet_single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    log = logging.getLogger("lightning.pytorch")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    yield
-    log.setLevel(level)
-    torch.set_num_threads(threads)
 
 
 def compose_cfg(overrides: list[str], config_dir: Path = CONF) -> DictConfig:
