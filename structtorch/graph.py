@@ -216,15 +216,18 @@ class Graph:
         compress=True: rake + compress rounds, O(log n) steps, O(n K^3) work per example.
         compress=False: rake only (leaves first, level by level), O(height) steps, O(n K^2) work.
         """
+        self.require_forest("a tree op")
+        return self.cached(("schedule", compress), device, lambda: _build_schedule(self, compress))
+
+    def cached(self, name: object, device: torch.device | str, build):
+        """A per-graph structure (schedule, colouring, ...) built once on the CPU by ``build()`` and
+        cached per device (moved with its ``.to(device)``)."""
         device = torch.device(device)
-        key = ("schedule", compress, str(device))
-        if key not in self._cache:
-            self.require_forest("a tree op")
-            cpu = ("schedule", compress, "cpu")
-            if cpu not in self._cache:
-                self._cache[cpu] = _build_schedule(self, compress)
-            self._cache[key] = self._cache[cpu].to(device)
-        return self._cache[key]
+        if (name, "cpu") not in self._cache:
+            self._cache[(name, "cpu")] = build()
+        if (name, str(device)) not in self._cache:
+            self._cache[(name, str(device))] = self._cache[(name, "cpu")].to(device)
+        return self._cache[(name, str(device))]
 
 
 # ---------------------------------------------------------------------- helpers (numpy, once per graph)

@@ -122,6 +122,14 @@ class Potentials:
         return (self.unary.expand(*B, g.num_nodes, self.num_states),
                 self.pairwise.expand(*B, g.num_edges, self.num_states, self.num_states))
 
+    def slots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch flattened and all graphs of an ensemble laid side by side: unary [B, T*n, K],
+        pairwise [B, T*E, K, K] (T = 1 for a single graph), graph-major slots."""
+        u, p = self.expanded()
+        K, g = self.num_states, self.graph
+        u = u.reshape(-1, g.num_graphs * g.num_nodes, K)
+        return u, p.reshape(u.shape[0], g.num_graphs * g.num_edges, K, K)
+
     # ------------------------------------------------------------------ scoring
     def check_labels(self, y: torch.Tensor, name: str = "y") -> torch.Tensor:
         """Validate an assignment tensor y [*B', n] with values in [0, K)."""

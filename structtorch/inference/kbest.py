@@ -61,15 +61,6 @@ class _KBestSchedule:
                               levels, self.roots.to(device))
 
 
-def _kbest_schedule(graph: Graph, device: torch.device) -> _KBestSchedule:
-    key = ("kbest", str(device))
-    if key not in graph._cache:
-        cpu = graph._cache.get(("kbest", "cpu")) or _build_kbest_schedule(graph)
-        graph._cache[("kbest", "cpu")] = cpu
-        graph._cache[key] = cpu.to(device)
-    return graph._cache[key]
-
-
 def _build_kbest_schedule(graph: Graph) -> _KBestSchedule:
     n, E, G = graph.num_nodes, graph.num_edges, graph.num_graphs
     N, NE = G * n, G * E
@@ -138,7 +129,7 @@ def _augment(pot: Potentials, sched: _KBestSchedule, exclude: torch.Tensor | Non
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Potentials on the binarised forest: unary [M, B, K], parent-edge matrices [M, B, K, K]
     (x_parent, x_v), and the excluded assignment per slot [M, B] (None: nothing excluded)."""
-    u, p, batch = _slot_major(pot)
+    u, p = (t.transpose(0, 1) for t in pot.slots())  # [N, B, K], [NE, B, K, K]
     N, B, K = u.shape
     M, G = sched.num_slots, len(sched.roots)
     root_u = u.new_full((G, B, K), _NEG)
@@ -164,15 +155,6 @@ def _exclude_rows(pot: Potentials, exclude: torch.Tensor) -> torch.Tensor:
     except RuntimeError as err:
         raise ValueError(f"exclude must have shape [*B, n={n}] broadcastable to the batch {tuple(batch)}, "
                          f"got {tuple(y.shape)}") from err
-
-
-def _slot_major(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor, torch.Size]:
-    """unary [N, B, K], pairwise [NE, B, K, K] over the node / edge slots of all graphs, and *B."""
-    u, p = pot.expanded()
-    K = pot.num_states
-    u = u.reshape(-1, pot.graph.num_graphs * pot.graph.num_nodes, K)
-    p = p.reshape(u.shape[0], -1, K, K)
-    return u.transpose(0, 1), p.transpose(0, 1), pot.batch_shape
 
 
 def _gather(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -250,7 +232,7 @@ def tree_kbest(pot: Potentials, k: int, exclude: torch.Tensor | None = None) -> 
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     pot.graph.require_forest("tree_kbest")
-    sched = _kbest_schedule(pot.graph, pot.device)
+    sched = pot.graph.cached("kbest", pot.device, lambda: _build_kbest_schedule(pot.graph))
     with torch.no_grad():
         u, p, y_hat = _augment(pot, sched, exclude)
         scores, x = _kbest_program(u, p, y_hat, sched, k)

@@ -132,13 +132,7 @@ def _build_star_schedule(graph: Graph) -> StarSchedule:
 
 def star_schedule(graph: Graph, device: torch.device | str = "cpu") -> StarSchedule:
     """The colour classes of ``graph`` for star updates, built once and cached per device."""
-    device = torch.device(device)
-    key = ("star_schedule", str(device))
-    if key not in graph._cache:
-        if ("star_schedule", "cpu") not in graph._cache:
-            graph._cache[("star_schedule", "cpu")] = _build_star_schedule(graph)
-        graph._cache[key] = graph._cache[("star_schedule", "cpu")].to(device)
-    return graph._cache[key]
+    return graph.cached("star_schedule", device, lambda: _build_star_schedule(graph))
 
 
 # ---------------------------------------------------------------------- result

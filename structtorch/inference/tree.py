@@ -49,12 +49,9 @@ def _flat(pot: Potentials, op: str) -> tuple[torch.Tensor, torch.Tensor, Schedul
     if not isinstance(pot, Potentials):
         raise TypeError(f"{op} expects a structtorch.Potentials, got {type(pot).__name__}")
     pot.graph.require_forest(op)
-    u, p = pot.expanded()
     batch = pot.batch_shape
-    K = pot.num_states
-    sched = _cheapest_schedule(pot.graph, batch.numel(), K, pot.device)
-    u = u.reshape(-1, sched.num_slots, K)
-    p = p.reshape(u.shape[0], -1, K, K)
+    sched = _cheapest_schedule(pot.graph, batch.numel(), pot.num_states, pot.device)
+    u, p = pot.slots()
     return u.permute(1, 2, 0), p.permute(1, 2, 3, 0), sched, batch
 
 
