@@ -1,0 +1,216 @@
+"""BCFW (certified structured SVM) and L-BFGS solvers against exact references (sklearn SVC, scipy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import minimize
+from sklearn.svm import SVC
+
+from structtorch.data import Standardizer, arff_to_multilabel, load_arff, read_mulan_labels
+from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy
+from structtorch.graph import Graph
+from structtorch.losses import crf_nll
+from structtorch.solvers import BCFW, lbfgs_solve, smoothed_oracle
+
+MULAN = "/work/shared/data/mulan"
+
+
+def mulan_subset(name: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """First n training rows, standardised, float64 x [n, D] and y [n, L]."""
+    root = f"{MULAN}/{name}"
+    x, y, _, _ = arff_to_multilabel(load_arff(f"{root}/{name}-train.arff"), read_mulan_labels(f"{root}/{name}.xml"))
+    x, y = torch.from_numpy(x[:n].copy()), torch.from_numpy(y[:n].copy())
+    return Standardizer.fit(x).transform(x).double(), y
+
+
+def independent_primal(x, y, W, b, lam, rho=0.0):
+    """The Independent hinge objective (margin 1): sum over labels of binary SVM primals."""
+    t = 2.0 * y.double() - 1.0
+    return lam / 2 * ((W ** 2).sum() + rho * (b ** 2).sum()) + (1 - t * (x @ W.T + b)).clamp_min(0).sum(1).mean()
+
+
+def svc_optimum(x, y, lam):
+    """Exact per-label libsvm solution (unregularised bias): W [L, D], b [L]; C = 1 / (lambda N)."""
+    W, b = [], []
+    for j in range(y.shape[1]):
+        c = SVC(kernel="linear", C=1.0 / (lam * len(x)), tol=1e-8).fit(x.numpy(), y[:, j].numpy())
+        W.append(c.coef_[0])
+        b.append(c.intercept_[0])
+    return torch.tensor(np.array(W)), torch.tensor(np.array(b))
+
+
+@pytest.mark.parametrize("name,n,lams", [("emotions", 80, (1.0, 0.1, 0.01, 0.001)), ("yeast", 60, (0.1, 0.01))])
+def test_independent_matches_libsvm(name, n, lams):
+    x, y = mulan_subset(name, n)
+    for lam in lams:
+        W, b = svc_optimum(x, y, lam)
+        energy = FinleyJoachimsEnergy(x.shape[1], y.shape[1]).double()
+        solver = BCFW(energy, n, lam, tol=1e-3)
+        info = solver.fit(x, y, max_epochs=3000, generator=torch.Generator().manual_seed(0))
+        assert bool(info.converged) and float(info.relative_gap) <= 1e-3
+        p_star = independent_primal(x, y, W, b, lam)
+        p_unreg = independent_primal(x, y, energy.unary.weight.detach(), energy.unary.bias.detach(), lam)
+        assert p_star * (1 - 1e-6) <= p_unreg <= p_star * 1.005, (lam, float(p_unreg), float(p_star))
+        # the certificate: D(mu) lower-bounds the bias-regularised objective at any w (here libsvm's)
+        p_rho = independent_primal(x, y, energy.unary.weight.detach(), energy.unary.bias.detach(), lam, 1e-2)
+        assert torch.allclose(info.primal, p_rho.reshape(1), rtol=1e-9)
+        assert float(info.dual) <= float(independent_primal(x, y, W, b, lam, 1e-2)) + 1e-9
+
+
+def chain_problem(K: int = 2, n: int = 5, N: int = 60, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, 6, generator=g, dtype=torch.float64)
+    y = ((x[:, :n] + 0.5 * x[:, 1:n + 1] + 0.7 * torch.randn(N, n, generator=g, dtype=torch.float64)) > 0).long()
+    if K > 2:
+        y = y + (x[:, :n] > 1).long()
+    return x, y
+
+
+@pytest.mark.parametrize("energy_kind", ["finley_joachims", "table3"])
+def test_chain_certificate_equals_block_gaps_and_dual_is_monotone(energy_kind):
+    K = 2 if energy_kind == "finley_joachims" else 3
+    x, y = chain_problem(K)
+    n, N = y.shape[1], len(x)
+    if energy_kind == "finley_joachims":
+        energy = FinleyJoachimsEnergy(6, n, Graph.chain(n)).double()
+    else:
+        energy = LinearTableEnergy(6, n, K, Graph.chain(n), input_dependent_pairwise=True).double()
+    solver = BCFW(energy, N, 0.5, tol=1e-3)
+    gen, duals = torch.Generator().manual_seed(1), []
+    for _ in range(5):
+        for i in torch.randperm(N, generator=gen).split(16):
+            duals.append(float(solver.step(x[i], y[i], i).dual))
+    assert all(b >= a - 1e-12 for a, b in zip(duals, duals[1:]))
+    idx = torch.arange(N)
+    info = solver.duality_gap([(x[:25], y[:25], idx[:25]), (x[25:], y[25:], idx[25:])])
+    summed = solver.block_gaps(x, y, idx).sum()
+    assert float(info.gap) > 1e-3 and abs(float(info.gap) - float(summed)) <= 1e-9 * float(info.primal)
+    assert abs(float(info.dual) - float(solver.dual())) <= 1e-9
+    if energy_kind == "finley_joachims":  # plain FW steps on a chain polytope: sublinear, so one energy only
+        final = solver.fit(x, y, max_epochs=2000, generator=gen)
+        assert bool(final.converged) and float(final.gap) <= 1e-3 * float(final.primal)
+
+
+def test_batched_models_equal_separate_runs():
+    """One epoch: the same iterates to rounding; then both certified to 1e-5: the same objectives to 1e-4
+    (later iterates need not agree bitwise: free support vectors sit exactly on loss-augmented ties)."""
+    x, y = mulan_subset("emotions", 50)
+    N, D, n = len(x), x.shape[1], y.shape[1]
+    lams = torch.tensor([1.0, 0.3, 0.1, 0.03], dtype=torch.float64)
+    fold = torch.arange(N) % 3 != 0  # a CV-style training mask
+    mask = torch.stack([torch.ones(N, dtype=torch.bool), fold, ~fold, fold])
+
+    def run(energy, lam, m):
+        solver = BCFW(energy, N, lam, tol=1e-5, mask=m)
+        for i in torch.randperm(N, generator=torch.Generator().manual_seed(3)).split(16):
+            solver.step(x[i], y[i], i)
+        first = [p.detach().clone() for p in energy.parameters()]
+        return first, solver.fit(x, y, max_epochs=3000, generator=torch.Generator().manual_seed(4))
+
+    batched = FinleyJoachimsEnergy(D, n, num_models=4).double()
+    first, info = run(batched, lams, mask)
+    assert bool(info.converged.all())
+    for m in range(4):
+        single = FinleyJoachimsEnergy(D, n).double()
+        first_m, ref = run(single, float(lams[m]), mask[m])
+        assert all(torch.allclose(a[m], b, atol=1e-10) for a, b in zip(first, first_m))
+        assert abs(float(info.primal[m] - ref.primal)) <= 1e-4 * float(ref.primal)
+        assert float(info.dual[m]) <= float(ref.primal) and float(ref.dual) <= float(info.primal[m])
+
+
+def test_masked_model_solves_its_fold():
+    x, y = mulan_subset("emotions", 90)
+    fold = torch.arange(90) % 3 != 0
+    energy = FinleyJoachimsEnergy(x.shape[1], y.shape[1], num_models=2).double()
+    solver = BCFW(energy, 90, torch.tensor([0.1, 0.1], dtype=torch.float64), tol=1e-3,
+                  mask=torch.stack([fold, ~fold]))
+    info = solver.fit(x, y, max_epochs=2000, generator=torch.Generator().manual_seed(0))
+    assert bool(info.converged.all())
+    for m, rows in enumerate((fold, ~fold)):
+        W, b = svc_optimum(x[rows], y[rows], 0.1)
+        p_star = independent_primal(x[rows], y[rows], W, b, 0.1)
+        p = independent_primal(x[rows], y[rows], energy.unary.weight[m].detach(), energy.unary.bias[m].detach(), 0.1)
+        assert p_star * (1 - 1e-6) <= p <= p_star * 1.005
+
+
+def test_smoothed_oracle_on_loopy_graph_gives_valid_gap():
+    x, y = chain_problem()
+    energy = FinleyJoachimsEnergy(6, 5, Graph.complete(5)).double()
+    solver = BCFW(energy, len(x), 0.1, oracle=smoothed_oracle(eps=0.01, iters=50))
+    duals = [float(solver.step(x[i], y[i], i).dual) for i in torch.arange(60).split(20) for _ in range(3)]
+    assert all(b >= a - 1e-12 for a, b in zip(duals, duals[1:])) and duals[-1] > 0
+    info = solver.duality_gap([(x, y, torch.arange(60))])
+    assert float(info.gap) >= 0 and float(info.dual) == pytest.approx(duals[-1], abs=1e-9)
+
+
+def test_bcfw_bad_input():
+    energy = FinleyJoachimsEnergy(3, 2).double()
+    with pytest.raises(ValueError, match="lam"):
+        BCFW(energy, 10, 0.0)
+    with pytest.raises(ValueError, match="lam"):
+        BCFW(energy, 10, torch.tensor([0.1, 0.2]))
+    with pytest.raises(ValueError, match="mask"):
+        BCFW(energy, 10, 0.1, mask=torch.ones(9, dtype=torch.bool))
+    with pytest.raises(ValueError, match="steps"):
+        BCFW(energy, 10, 0.1, steps="adam")
+    solver = BCFW(energy, 10, 0.1)
+    x, y = torch.randn(4, 3, dtype=torch.float64), torch.zeros(4, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match="index"):
+        solver.step(x, y, torch.arange(3))
+    with pytest.raises(ValueError, match="index"):
+        solver.step(x, y, torch.tensor([0, 1, 2, 10]))
+    with pytest.raises(ValueError, match="y"):
+        solver.step(x, y[:3], torch.arange(4))
+    with pytest.raises(ValueError, match="all 10 examples"):
+        solver.duality_gap([(x, y, torch.arange(4))])
+    with pytest.raises(ValueError, match="num_models"):
+        FinleyJoachimsEnergy(3, 2, num_models=0)
+
+
+def test_lbfgs_reaches_scipy_optimum_on_tree_crf():
+    x, y = chain_problem()
+    energy = FinleyJoachimsEnergy(6, 5, Graph.chain(5)).double()
+    params = list(energy.parameters())
+    lam = 0.05
+
+    def objective():
+        return crf_nll(energy(x), y).mean() + lam / 2 * sum(p.pow(2).sum() for p in params)
+
+    info = lbfgs_solve(objective, params, tol=1e-7, max_iter=500)
+    assert bool(info.converged.all())
+    shapes = [p.shape for p in params]
+
+    def f(theta):
+        with torch.no_grad():
+            chunks = torch.from_numpy(theta).split([s.numel() for s in shapes])
+            for p, c in zip(params, chunks):
+                p.copy_(c.view(p.shape))
+            return float(objective())
+
+    ours = float(info.objective)
+    ref = minimize(f, np.zeros(sum(s.numel() for s in shapes)), method="L-BFGS-B",
+                   options={"maxiter": 5000, "ftol": 1e-15, "gtol": 1e-12}).fun
+    assert abs(ours - ref) <= 1e-6 * abs(ref) and ours <= ref + 1e-12
+
+
+def test_lbfgs_per_model_stopping_and_bad_input():
+    x, y = chain_problem()
+    energy = FinleyJoachimsEnergy(6, 5, Graph.chain(5), num_models=2).double()
+    lam = torch.tensor([0.5, 0.05], dtype=torch.float64)
+    params = list(energy.parameters())
+
+    def objective():
+        sq = sum(p.pow(2).flatten(1).sum(1) for p in params)
+        return crf_nll(energy(x), y).mean(-1) + lam / 2 * sq
+
+    info = lbfgs_solve(objective, params, tol=1e-6, num_models=2)
+    assert info.converged.shape == (2,) and bool(info.converged.all())
+    assert bool((info.grad_norm <= 1e-6 * info.initial_grad_norm).all())
+    with pytest.raises(ValueError, match="num_models"):
+        lbfgs_solve(objective, params, num_models=3)
+    with pytest.raises(ValueError, match="tol"):
+        lbfgs_solve(objective, params, tol=0.0)
+    with pytest.raises(TypeError, match="params"):
+        lbfgs_solve(objective, [])
