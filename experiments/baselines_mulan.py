@@ -29,8 +29,7 @@ L2_GRID = [0.01, 0.03, 0.1, 0.3, 1.0]
 
 def run_one(model: str, data: str, l2: float, out: Path) -> dict:
     overrides = [f"model={model}", f"data={data}", f"model.l2={l2}", "logger=none",
-                 "trainer.enable_progress_bar=false", "trainer.enable_checkpointing=false",
-                 f"data.root={ROOT.parent / 'shared/data/mulan'}"]
+                 "trainer.enable_progress_bar=false", "trainer.enable_checkpointing=false"]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     return run(cfg, out)

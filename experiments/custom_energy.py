@@ -38,11 +38,11 @@ class MLPChain(StructuredLearner):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="emotions")
-    ap.add_argument("--root", default="../shared/data/mulan")
+    ap.add_argument("--root", default=None, help="local Mulan copy <root>/<name>/...; default: the download cache")
     ap.add_argument("--epochs", type=int, default=30)
     args = ap.parse_args()
     L.seed_everything(0)
-    dm = SyntheticDataModule() if args.data == "synthetic" else MultilabelDataModule(args.data, args.root)
+    dm = SyntheticDataModule() if args.data == "synthetic" else MultilabelDataModule(args.data, root=args.root)
     model = MLPChain(dm.num_features, dm.num_labels, lr=3e-3, l2=1e-3)
     trainer = L.Trainer(max_epochs=args.epochs, logger=False, enable_checkpointing=False)
     trainer.fit(model, datamodule=dm)

@@ -4,7 +4,7 @@
 
 For n in {50, 200, 1000} (n = 1000: 499,500 edges), one weight vector and a batch of 10
 (CCCP restarts), random float32 weights and integer weights with many ties, the table shows the
-median wall-clock milliseconds of
+best-of-repeats (min) wall-clock milliseconds of
 
   st        structtorch.structure.max_spanning_tree (Boruvka + filter-Kruskal prefix), batched
   boruvka   the same Boruvka core on all E edges, without the prefix filter (ablation)

@@ -13,8 +13,9 @@ import torch
 
 def timeit(fn: Callable[[], object], device: torch.device, repeats: int, slow_after: float = 1.0,
            slow_repeats: int = 3) -> float:
-    """Median seconds over ``repeats`` calls after one warm-up call (schedule caches, allocator);
-    a warm-up slower than ``slow_after`` seconds caps the repeats at ``slow_repeats``."""
+    """Best (minimum) seconds over ``repeats`` calls after one warm-up call (schedule caches, allocator):
+    on a shared machine, background load only ever adds time. A warm-up slower than ``slow_after``
+    seconds caps the repeats at ``slow_repeats``."""
     t = time.perf_counter()
     fn()
     if time.perf_counter() - t > slow_after:
@@ -28,16 +29,18 @@ def timeit(fn: Callable[[], object], device: torch.device, repeats: int, slow_af
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
+    return min(times)
 
 
-def write_results(out: str | Path, rows: list[dict], device: torch.device, **extra: object) -> None:
-    """rows plus the machine they were measured on, as JSON at ``out``."""
+def write_results(out: str | Path, rows: list[dict], device: torch.device, sections: dict | None = None,
+                  **extra: object) -> None:
+    """rows (plus any further named ``sections``) and the machine they were measured on, as JSON at ``out``;
+    ``extra`` goes into the meta record."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"device": str(device), "torch": torch.__version__, "machine": platform.machine(),
             "processor": platform.processor(), "threads": torch.get_num_threads(), **extra}
     if device.type == "cuda":
         meta["gpu"] = torch.cuda.get_device_name(device)
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    out.write_text(json.dumps({"meta": meta, "rows": rows, **(sections or {})}, indent=1))
     print(f"wrote {out}")

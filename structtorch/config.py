@@ -11,6 +11,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from .data.download import mulan_datasets
+
 __all__ = ["Config", "ModelConfig", "FixedTreeConfig", "FullConfig", "MulanDataConfig", "SyntheticDataConfig",
            "TrainerConfig", "register_configs"]
 
@@ -52,11 +54,17 @@ class FullConfig(ModelConfig):
 
 @dataclass
 class MulanDataConfig:
-    """A Mulan dataset laid out as ``<root>/<name>/<name>-train.arff, -test.arff, <name>.xml``."""
+    """Any Mulan dataset by name (``data=mulan data.name=<dataset>``), see ``MultilabelDataModule``.
+
+    root None: the verified download cache ``$STRUCTTORCH_DATA/mulan/<name>`` (default
+    ``~/.cache/structtorch``), filled from ``url`` (None: the Mulan GitHub repository at a pinned
+    commit) on first use. root=<dir>: a local copy ``<dir>/<name>/<name>-train.arff, -test.arff, .xml``.
+    """
 
     kind: str = "mulan"
     name: str = MISSING
-    root: str = "${oc.env:STRUCTTORCH_MULAN_ROOT,../shared/data/mulan}"
+    root: Any = None
+    url: Any = None
     batch_size: int = 64
     val_fraction: float = 0.1
     seed: int = 0
@@ -65,7 +73,8 @@ class MulanDataConfig:
     num_workers: int = 0
     standardize: bool = True
     test_fraction: float = 0.3
-    num_labels: Any = None  # int or None: labels = last L attributes when there is no XML
+    label_attributes: Any = None  # int or None: labels = last L attributes when there is no XML
+    max_labels: Any = None  # int or None: keep the L most frequent labels of the training file
 
 
 @dataclass
@@ -102,6 +111,7 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     enable_checkpointing: bool = True
     gradient_clip_val: Any = None
+    num_threads: Any = None  # torch intra-op threads (int); null = torch's default. Not a lightning.Trainer option.
 
 
 @dataclass
@@ -110,7 +120,8 @@ class Config:
     data: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     seed: int = 0
-    ckpt_path: Any = None  # resume from this checkpoint
+    ckpt_path: Any = None  # resume from this checkpoint file, or "last" (newest last.ckpt under the output folder)
+    resume: Any = None  # resume from <run dir>/checkpoints/last.ckpt
     logger: str = "tensorboard"  # "tensorboard", "csv" or "none"
     test: bool = True
 
@@ -123,4 +134,6 @@ def register_configs() -> None:
     cs.store(group="model", name="full_schema", node=FullConfig)
     cs.store(group="data", name="mulan_schema", node=MulanDataConfig)
     cs.store(group="data", name="synthetic_schema", node=SyntheticDataConfig)
+    for name in mulan_datasets():  # data=<name> for every dataset of the Mulan catalog
+        cs.store(group="data", name=name, node=MulanDataConfig(name=name))
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)

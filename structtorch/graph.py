@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["Graph", "Schedule", "Step"]
+__all__ = ["Graph", "Schedule", "Step", "check_int"]
 
 
 @dataclass(frozen=True)
@@ -85,25 +85,19 @@ class Graph:
     """An undirected graph (edges [E, 2]) or an ensemble of graphs (edges [T, E, 2]) on n nodes."""
 
     def __init__(self, num_nodes: int, edges: torch.Tensor | np.ndarray | list) -> None:
-        if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, np.integer)):
-            raise TypeError(f"num_nodes must be an int, got {type(num_nodes).__name__}")
-        if num_nodes < 1:
-            raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
-        if not isinstance(edges, torch.Tensor):
-            edges = torch.as_tensor(np.asarray(edges, dtype=np.int64).reshape(-1, 2) if len(edges) == 0
-                                    else edges)
-        if edges.dtype.is_floating_point or edges.dtype == torch.bool or edges.is_complex():
-            raise TypeError(f"edges must be an integer tensor of shape [E, 2] or [T, E, 2], got {edges.dtype}")
+        n = check_int(num_nodes, "num_nodes", 1)
+        edges = _as_edge_tensor(edges)
         if edges.dim() not in (2, 3) or edges.shape[-1] != 2:
             raise ValueError(f"edges must have shape [E, 2] or [T, E, 2], got {tuple(edges.shape)}")
+        if edges.dim() == 3 and edges.shape[0] == 0:
+            raise ValueError("edges of shape [T, E, 2] must hold T >= 1 graphs, got T = 0")
         edges = edges.detach().to(torch.long).cpu().contiguous()
-        n = int(num_nodes)
         if edges.numel() and (edges.min() < 0 or edges.max() >= n):
             raise ValueError(f"edges index out of range: every endpoint must lie in [0, {n}), "
                              f"got min {int(edges.min())}, max {int(edges.max())}")
         if (edges[..., 0] == edges[..., 1]).any():
             raise ValueError("edges contain a self-loop (i == j); edges must join distinct nodes")
-        lo, hi = edges.min(-1).values, edges.max(-1).values
+        lo, hi = edges.amin(-1), edges.amax(-1)
         key = lo * n + hi
         if key.shape[-1] and (key.sort(-1).values.diff(dim=-1) == 0).any():
             raise ValueError("edges contain a duplicate undirected edge")
@@ -165,25 +159,32 @@ class Graph:
     # ------------------------------------------------------------------ constructors
     @staticmethod
     def complete(n: int) -> Graph:
-        """All n(n-1)/2 pairs (i < j), in lexicographic order."""
+        """All n(n-1)/2 pairs (i < j), in lexicographic order. n: int >= 1 (ValueError otherwise)."""
+        n = check_int(n, "n", 1)
         i, j = torch.triu_indices(n, n, offset=1)
         return Graph(n, torch.stack([i, j], 1))
 
     @staticmethod
     def chain(n: int) -> Graph:
-        """Path 0 - 1 - ... - (n-1)."""
+        """Path 0 - 1 - ... - (n-1). n: int >= 1 (ValueError otherwise); chain(1) is one node, no edge."""
+        n = check_int(n, "n", 1)
         i = torch.arange(n - 1)
         return Graph(n, torch.stack([i, i + 1], 1))
 
     @staticmethod
     def star(n: int) -> Graph:
-        """Node 0 joined to every other node."""
+        """Node 0 joined to every other node. n: int >= 1 (ValueError otherwise); star(1) has no edge."""
+        n = check_int(n, "n", 1)
         j = torch.arange(1, n)
         return Graph(n, torch.stack([torch.zeros_like(j), j], 1))
 
     @staticmethod
     def grid(h: int, w: int) -> Graph:
-        """4-connected h x w grid, node index r * w + c; horizontal edges first, then vertical."""
+        """4-connected h x w grid, node index r * w + c; horizontal edges first, then vertical.
+
+        h, w: ints >= 1 (ValueError otherwise).
+        """
+        h, w = check_int(h, "h", 1), check_int(w, "w", 1)
         idx = torch.arange(h * w).reshape(h, w)
         horiz = torch.stack([idx[:, :-1].reshape(-1), idx[:, 1:].reshape(-1)], 1)
         vert = torch.stack([idx[:-1, :].reshape(-1), idx[1:, :].reshape(-1)], 1)
@@ -191,13 +192,17 @@ class Graph:
 
     @staticmethod
     def empty(n: int) -> Graph:
-        """n isolated nodes."""
-        return Graph(n, torch.zeros(0, 2, dtype=torch.long))
+        """n isolated nodes (edges [0, 2]). n: int >= 1 (ValueError otherwise)."""
+        return Graph(check_int(n, "n", 1), torch.zeros(0, 2, dtype=torch.long))
 
     @staticmethod
     def from_mask(mask: torch.Tensor, graph: Graph) -> Graph:
-        """The subgraph of ``graph`` keeping the edges where ``mask`` [E] is True."""
-        mask = torch.as_tensor(mask, dtype=torch.bool).cpu()
+        """The subgraph of ``graph`` keeping the edges where ``mask`` (BoolTensor [E]) is True."""
+        if not isinstance(graph, Graph):
+            raise TypeError(f"graph must be a structtorch.Graph, got {type(graph).__name__}")
+        mask = torch.as_tensor(mask).cpu()
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask must be a BoolTensor [E], got {mask.dtype}")
         if mask.shape != (graph.num_edges,) or graph.is_ensemble:
             raise ValueError(f"mask must have shape [{graph.num_edges}] for a single graph, "
                              f"got {tuple(mask.shape)}")
@@ -205,10 +210,23 @@ class Graph:
 
     # ------------------------------------------------------------------ tree schedule
     def require_forest(self, op: str) -> None:
-        if not self.is_forest:
-            raise ValueError(f"{op} needs a tree or forest, but the graph {self!r} has a cycle "
-                             f"(|E| = {self.num_edges} > n - #components); use smoothed_lp or "
-                             f"brute_force_* for loopy graphs")
+        """ValueError naming ``op`` (and the first offending member of an ensemble) unless acyclic."""
+        for t, (e, c) in enumerate(zip(self._edge_lists(), self._components())):
+            if len(e) + int(c.max()) + 1 != self.num_nodes:
+                where = f"member {t} of the ensemble {self!r}" if self.is_ensemble else f"the graph {self!r}"
+                raise ValueError(f"{op} needs a tree or forest, but {where} has a cycle "
+                                 f"(|E| = {len(e)} > n - #components = {self.num_nodes - int(c.max()) - 1}); "
+                                 f"use smoothed_lp or brute_force_* for loopy graphs")
+
+    def require_spanning_trees(self, op: str) -> None:
+        """ValueError naming ``op`` unless this is an ensemble of spanning trees: edges [T, n-1, 2], every
+        member acyclic (with n - 1 edges, hence connected)."""
+        n = self.num_nodes
+        if not self.is_ensemble or self.num_edges != n - 1:
+            got = list(self.edges.shape)
+            raise ValueError(f"{op} needs an ensemble graph of spanning trees, edges [T, n-1, 2] = [T, {n - 1}, 2] "
+                             f"for n = {n} nodes, got edges {got}")
+        self.require_forest(op)
 
     def schedule(self, device: torch.device | str = "cpu", compress: bool = True) -> Schedule:
         """The contraction schedule of this forest (ensemble), built once and cached per device.
@@ -228,6 +246,32 @@ class Graph:
         if (name, str(device)) not in self._cache:
             self._cache[(name, str(device))] = self._cache[(name, "cpu")].to(device)
         return self._cache[(name, str(device))]
+
+
+# ---------------------------------------------------------------------- argument checks
+def check_int(value: object, name: str, minimum: int) -> int:
+    """``value`` as an int (Python or numpy integer, not bool), or TypeError / ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _as_edge_tensor(edges: object) -> torch.Tensor:
+    """edges (tensor, array or nested list) as an integer tensor; TypeError for anything else."""
+    bad = TypeError(f"edges must be an integer tensor of shape [E, 2] or [T, E, 2], got {type(edges).__name__}")
+    if not isinstance(edges, torch.Tensor):
+        if not isinstance(edges, (np.ndarray, list, tuple)):
+            raise bad
+        try:
+            edges = torch.as_tensor(np.asarray(edges, dtype=np.int64).reshape(-1, 2) if len(edges) == 0
+                                    else np.asarray(edges))
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise bad from err
+    if edges.dtype.is_floating_point or edges.dtype == torch.bool or edges.is_complex():
+        raise TypeError(f"edges must be an integer tensor of shape [E, 2] or [T, E, 2], got {edges.dtype}")
+    return edges
 
 
 # ---------------------------------------------------------------------- helpers (numpy, once per graph)

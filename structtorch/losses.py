@@ -1,7 +1,14 @@
-"""Structured losses on Potentials: hinge with Hamming margin rescaling, CRF negative log-likelihood."""
+"""Structured losses on Potentials: hinge with Hamming margin rescaling, CRF negative log-likelihood.
+
+Every loss is checked by ``check_loss_finite``: an example whose label is impossible
+(score(y) = -inf) or that has no feasible assignment at all raises a ValueError naming the
+example, instead of a +inf / NaN loss that would silently poison training.
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 
 import torch
@@ -9,9 +16,11 @@ import torch
 from .inference import tree_logz, tree_map
 from .potentials import Potentials
 
-__all__ = ["hamming_augment", "structured_hinge", "crf_nll", "map_value"]
+__all__ = ["hamming_augment", "structured_hinge", "crf_nll", "map_value", "check_loss_finite"]
 
 MaxFn = Callable[[Potentials], torch.Tensor]
+
+_MAX_LISTED = 5  # examples described in a non-finite-loss error
 
 
 def map_value(pot: Potentials) -> torch.Tensor:
@@ -20,9 +29,16 @@ def map_value(pot: Potentials) -> torch.Tensor:
 
 
 def hamming_augment(pot: Potentials, y: torch.Tensor, scale: float = 1.0) -> Potentials:
-    """Loss-augmented potentials: + scale on every unary state that differs from y [*B, n]."""
+    """Loss-augmented potentials: + scale on every unary state that differs from y [*B, n].
+
+    Ensembles with a per-graph unary [*B, T, n, K] get the same augmentation on every graph.
+    """
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
     y = pot.check_labels(y)
-    wrong = 1.0 - torch.nn.functional.one_hot(y, pot.num_states).to(pot.dtype)
+    wrong = 1.0 - torch.nn.functional.one_hot(y, pot.num_states).to(pot.dtype)  # [*B, n, K]
+    if pot.unary_per_graph:
+        wrong = wrong.unsqueeze(-3)  # [*B, 1, n, K] against unary [*B, T, n, K]
     return Potentials(pot.unary + scale * wrong, pot.pairwise, pot.graph)
 
 
@@ -32,10 +48,64 @@ def structured_hinge(pot: Potentials, y: torch.Tensor, max_fn: MaxFn = map_value
 
     ``max_fn`` computes the loss-augmented max: ``map_value`` (exact, trees), or an upper bound
     such as the smoothed LP value on loopy graphs (the loss stays an upper bound on the hinge).
+    Raises ValueError (``check_loss_finite``) for an example whose label y is impossible or that
+    has no feasible assignment.
     """
-    return max_fn(hamming_augment(pot, y, scale)) - pot.score(y)
+    loss = max_fn(hamming_augment(pot, y, scale)) - pot.score(y)
+    return check_loss_finite(loss, pot, y, "structured_hinge")
 
 
 def crf_nll(pot: Potentials, y: torch.Tensor) -> torch.Tensor:
-    """Negative conditional log-likelihood [*B]: log Z - score(y) (exact on trees)."""
-    return tree_logz(pot) - pot.score(y)
+    """Negative conditional log-likelihood [*B]: log Z - score(y) (exact on trees).
+
+    Raises ValueError (``check_loss_finite``) for an example whose label y is impossible
+    (probability 0) or that has no feasible assignment (Z = 0).
+    """
+    return check_loss_finite(tree_logz(pot) - pot.score(y), pot, y, "crf_nll")
+
+
+def check_loss_finite(loss: torch.Tensor, pot: Potentials, y: torch.Tensor, name: str = "loss",
+                      index: torch.Tensor | None = None) -> torch.Tensor:
+    """``loss`` unchanged when every entry is finite, else a ValueError naming the bad examples.
+
+    loss: per-example loss [*B'] = (a max or log-partition term) - pot.score(y), with
+        *B' = the broadcast of y's leading dims and pot.batch_shape (pot.score(y)'s shape).
+    pot, y: the potentials and labels [*B, n] the loss was computed from.
+    name: the loss's name in the message. index: optional LongTensor [*B'] of dataset indices,
+        also named in the message.
+    The hot path is one ``isfinite().all()``; only a failing call scores y again to tell
+    "example i: the label y has score -inf (impossible under the potentials)" (loss +inf)
+    from "example i: no feasible assignment" (loss NaN: -inf - -inf).
+    """
+    if bool(torch.isfinite(loss).all()):
+        return loss
+    raise ValueError(_non_finite_message(loss.detach(), pot, y, name, index))
+
+
+def _non_finite_message(loss: torch.Tensor, pot: Potentials, y: torch.Tensor, name: str,
+                        index: torch.Tensor | None) -> str:
+    with torch.no_grad():
+        label = pot.score(y)
+    impossible = torch.isneginf(label)
+    if pot.graph.is_ensemble:  # score per graph [*B, T]: the label is impossible on some graph
+        impossible = impossible.any(-1)
+    bad = (~torch.isfinite(loss)).nonzero().tolist()
+    head = f"{name} is not finite for {len(bad)} of {loss.numel()} examples"
+    if impossible.shape != loss.shape:
+        return (f"{head} (loss shape {tuple(loss.shape)}, expected per-example [*B] = {tuple(impossible.shape)}); "
+                f"{int(impossible.sum())} labels have score -inf")
+    parts = []
+    for pos in bad[:_MAX_LISTED]:
+        where = f"example {pos[0]}" if len(pos) == 1 else f"example {tuple(pos)}" if pos else "the example"
+        if index is not None and index.shape == loss.shape:
+            where += f" (dataset index {int(index[tuple(pos)])})"
+        value = float(loss[tuple(pos)])
+        if not impossible[tuple(pos)]:
+            reason = f"the loss is {value} although the label y has a finite score"
+        elif math.isnan(value):
+            reason = "no feasible assignment (every assignment has score -inf)"
+        else:
+            reason = "the label y has score -inf (impossible under the potentials)"
+        parts.append(f"{where}: {reason}")
+    more = f"; and {len(bad) - _MAX_LISTED} more" if len(bad) > _MAX_LISTED else ""
+    return f"{head}: " + "; ".join(parts) + more

@@ -17,8 +17,8 @@ from torchmetrics import Metric, MetricCollection
 
 from .graph import Graph
 
-__all__ = ["ExampleF1", "HammingAccuracy", "MacroF1", "MicroF1", "SubsetAccuracy", "edge_recovery",
-           "multilabel_metrics"]
+__all__ = ["ExampleF1", "HammingAccuracy", "MacroF1", "MicroF1", "PerLabelCounts", "SubsetAccuracy",
+           "edge_recovery", "multilabel_metrics"]
 
 
 def _check(preds: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,6 +177,36 @@ class MacroF1(_MultilabelMetric):
         if self.tp.numel() == 0:
             return torch.tensor(self.zero_division, device=self.tp.device)
         return _f1(self.tp, self.fp, self.fn, self.zero_division).mean().float()
+
+
+class PerLabelCounts(_MultilabelMetric):
+    """Per-label accuracy and F1 (counts pooled over examples and processes), for per-label reports.
+
+    ``compute()`` returns ``{"accuracy": [L], "f1": [L], "support": [L]}`` (support = number of positives);
+    F1 of a label never true nor predicted is ``zero_division``.
+    """
+
+    def __init__(self, num_labels: int, zero_division: float = 1.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.zero_division = float(zero_division)
+        for name in ("tp", "fp", "fn", "tn"):
+            self.add_state(name, default=torch.zeros(int(num_labels), dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        """preds, target: [B, L] in {0, 1}."""
+        p, t = _check(preds, target)
+        if t.shape[1] != self.tp.numel():
+            raise ValueError(f"PerLabelCounts expects {self.tp.numel()} labels, got preds of shape {tuple(p.shape)}")
+        self.tp += (p & t).sum(0)
+        self.fp += (p & ~t).sum(0)
+        self.fn += (~p & t).sum(0)
+        self.tn += (~p & ~t).sum(0)
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        total = (self.tp + self.fp + self.fn + self.tn).clamp(min=1).double()
+        return {"accuracy": ((self.tp + self.tn) / total).float(),
+                "f1": _f1(self.tp, self.fp, self.fn, self.zero_division).float(),
+                "support": self.tp + self.fn}
 
 
 def multilabel_metrics(prefix: str = "", num_labels: int | None = None) -> MetricCollection:

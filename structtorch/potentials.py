@@ -132,12 +132,19 @@ class Potentials:
 
     # ------------------------------------------------------------------ scoring
     def check_labels(self, y: torch.Tensor, name: str = "y") -> torch.Tensor:
-        """Validate an assignment tensor y [*B', n] with values in [0, K)."""
-        if not isinstance(y, torch.Tensor) or y.dtype.is_floating_point or y.dtype == torch.bool:
-            raise TypeError(f"{name} must be an integer (Long) tensor of shape [*B, n]")
+        """Validate an assignment tensor y [*B', n] with values in [0, K) and *B' broadcastable
+        against the batch shape *B; returns it as a LongTensor on the potentials' device."""
+        if not isinstance(y, torch.Tensor) or y.dtype.is_floating_point or y.dtype == torch.bool or y.is_complex():
+            got = y.dtype if isinstance(y, torch.Tensor) else type(y).__name__
+            raise TypeError(f"{name} must be an integer (Long) tensor of shape [*B, n], got {got}")
         n, K = self.graph.num_nodes, self.num_states
         if y.dim() < 1 or y.shape[-1] != n:
             raise ValueError(f"{name} must have shape [*B, n={n}], got {tuple(y.shape)}")
+        try:
+            torch.broadcast_shapes(y.shape[:-1], self.batch_shape)
+        except RuntimeError as err:
+            raise ValueError(f"{name} must have shape [*B, n={n}] with leading dims broadcastable to the batch "
+                             f"*B = {tuple(self.batch_shape)}, got {tuple(y.shape)}") from err
         if y.numel() and (y.min() < 0 or y.max() >= K):
             raise ValueError(f"{name} has labels out of range: values must lie in [0, K={K}), "
                              f"got min {int(y.min())}, max {int(y.max())}")

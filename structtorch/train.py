@@ -1,28 +1,48 @@
 """Hydra entry point: ``python -m structtorch.train model=<name> data=<name> trainer=<cpu|gpu|ddp>``.
 
-Trains a learner, tests it, prints the test metrics and writes ``metrics.json`` (test metrics in
-[0, 1], the last validation metrics, train / test seconds) into the Hydra run directory. TensorBoard logs go there too.
+Trains a learner, tests it, and writes into the Hydra run directory: ``metrics.json`` (test metrics in
+[0, 1], the last validation metrics, train / test seconds, the learned structure by label name, per-label
+test metrics), ``structure.png`` / ``per_label.png``, checkpoints (``checkpoints/last.ckpt``), TensorBoard
+logs (one run per model/data) and ``train.log``. Resume with ``ckpt_path=<file>``, ``ckpt_path=last`` (the
+newest ``last.ckpt`` under the output folder) or ``resume=<run dir>``.
+
+User errors (missing data, bad config values, a file that is not a checkpoint of this model) end with
+one line on stderr and exit code 2; in a ``-m`` sweep a failed job is recorded and the sweep goes on
+(see ``structtorch.sweep``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from .config import register_configs
 from .data import MultilabelDataModule, SyntheticDataModule
-from .graph import Graph
+from .data.download import DownloadError
 from .learners import LEARNERS, StructuredLearner
-from .structure.edge_scores import chow_liu_tree
+from .plots import close_figure
 
 register_configs()
+log = logging.getLogger("structtorch.train")
+
+__all__ = ["UserError", "build_datamodule", "build_learner", "main", "run", "world_size"]
+
+
+class UserError(Exception):
+    """A problem the user can fix (data, config values, checkpoint): reported in one line, exit code 2."""
 
 
 def world_size(trainer_cfg: DictConfig) -> int:
@@ -47,47 +67,139 @@ def build_datamodule(data_cfg: DictConfig, processes: int = 1) -> L.LightningDat
     raise ValueError(f"data.kind must be 'mulan' or 'synthetic', got {kind!r}")
 
 
-def _tree_edges(tree: str, dm: L.LightningDataModule) -> list[list[int]]:
-    n = dm.num_labels
-    graphs = {"chain": Graph.chain, "star": Graph.star, "empty": Graph.empty}
-    if tree == "chow_liu":
-        return chow_liu_tree(dm.train_tensors[1]).edges.tolist()
-    if tree not in graphs:
-        raise ValueError(f"model.tree must be 'chow_liu', 'chain', 'star' or 'empty', got {tree!r}")
-    return graphs[tree](n).edges.tolist()
-
-
 def build_learner(model_cfg: DictConfig, dm: L.LightningDataModule) -> StructuredLearner:
-    """The learner of a model config, sized by the datamodule (structure from its training labels)."""
+    """The learner of a model config, sized by the datamodule (a learner builds its own structure in fit)."""
     kwargs = OmegaConf.to_container(model_cfg, resolve=True)
     name = kwargs.pop("name")
     if name not in LEARNERS:
         raise ValueError(f"model.name must be one of {sorted(LEARNERS)}, got {name!r}")
-    if "tree" in kwargs:
-        kwargs["edges"] = _tree_edges(kwargs.pop("tree"), dm)
-    return LEARNERS[name](num_features=dm.num_features, num_labels=dm.num_labels, **kwargs)
+    num_features, num_labels = dm.num_features, dm.num_labels  # loads the data (and its label names)
+    names = list(getattr(dm, "label_names", None) or []) or None
+    return LEARNERS[name](num_features=num_features, num_labels=num_labels, label_names=names, **kwargs)
 
 
-def _logger(kind: str, out: Path):
+def _logger(kind: str, out: Path, run_name: str):
     if kind == "tensorboard":
-        return L.pytorch.loggers.TensorBoardLogger(save_dir=str(out), name="tb", version="")
+        return L.pytorch.loggers.TensorBoardLogger(save_dir=str(out), name=run_name, version="",
+                                                   default_hp_metric=False)
     if kind == "csv":
-        return L.pytorch.loggers.CSVLogger(save_dir=str(out), name="csv", version="")
+        return L.pytorch.loggers.CSVLogger(save_dir=str(out), name=run_name, version="")
     if kind == "none":
         return False
     raise ValueError(f"logger must be 'tensorboard', 'csv' or 'none', got {kind!r}")
+
+
+def _prepare(cfg: DictConfig, out: Path) -> tuple[L.LightningDataModule, StructuredLearner, str | None]:
+    """Datamodule, learner and checkpoint to resume, or a UserError saying what to fix."""
+    try:
+        dm = build_datamodule(cfg.data, world_size(cfg.trainer))
+        model = build_learner(cfg.model, dm)
+        ckpt = resolve_checkpoint(cfg.ckpt_path, cfg.resume, out, _run_key(cfg))
+        if ckpt is not None:
+            check_checkpoint(ckpt, model)
+    except (ValueError, TypeError, FileNotFoundError, DownloadError) as err:
+        raise UserError(str(err)) from err
+    return dm, model, ckpt
+
+
+def _run_key(cfg: DictConfig) -> tuple[str, str]:
+    """(model name, data name) of a run config."""
+    return str(cfg.model.name), str(cfg.data.get("name") or cfg.data.kind)
+
+
+def resolve_checkpoint(ckpt_path: str | None, resume: str | None, out: Path,
+                       key: tuple[str, str] | None = None) -> str | None:
+    """The checkpoint file to resume from: ``resume=<run dir>`` -> its checkpoints/last.ckpt;
+    ``ckpt_path=last`` -> the newest last.ckpt of earlier runs under the output folder (of the same
+    model and data when ``key`` = (model, data) is given); else the path itself."""
+    if resume is not None and ckpt_path is not None:
+        raise ValueError("give either resume=<run dir> or ckpt_path=<file|last>, not both")
+    if resume is not None:
+        ckpt = Path(resume) / "checkpoints" / "last.ckpt"
+        if not ckpt.is_file():
+            raise FileNotFoundError(f"resume={resume}: no checkpoints/last.ckpt in that run directory (was it "
+                                    f"trained with trainer.enable_checkpointing=true?)")
+        return str(ckpt)
+    if ckpt_path == "last":
+        base = _output_base(out)
+        found = sorted((p for p in base.glob("**/checkpoints/last.ckpt")
+                        if out not in p.parents and (key is None or _saved_key(p.parent.parent) == key)),
+                       key=lambda p: p.stat().st_mtime)
+        if not found:
+            what = "" if key is None else f" of model={key[0]} on {key[1]}"
+            raise FileNotFoundError(f"ckpt_path=last: no earlier run{what} with checkpoints/last.ckpt under {base}")
+        return str(found[-1])
+    if ckpt_path is not None and not Path(ckpt_path).is_file():
+        raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such file")
+    return ckpt_path
+
+
+def _saved_key(run_dir: Path) -> tuple[str, str] | None:
+    saved = run_dir / ".hydra" / "config.yaml"
+    return _run_key(OmegaConf.load(saved)) if saved.is_file() else None
+
+
+def _output_base(out: Path) -> Path:
+    """The folder holding all runs (``outputs`` of ``outputs/<date>/<time>``), or the run's parent."""
+    for parent in out.parents:
+        if parent.name in ("outputs", "multirun"):
+            return parent
+    return out.parent
+
+
+def check_checkpoint(path: str, model: StructuredLearner) -> None:
+    """ValueError unless ``path`` is a Lightning checkpoint of the same learner class and sizes."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # pickle, zip and torch errors all mean: not a checkpoint
+        raise ValueError(f"ckpt_path={path} is not a checkpoint written by structtorch.train ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0] if str(err) else ''}); pass <run dir>/checkpoints/last.ckpt "
+                         f"or resume=<run dir>") from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise ValueError(f"ckpt_path={path} is not a Lightning checkpoint (no state_dict)")
+    saved = ckpt.get("structtorch", {}).get("learner")
+    if saved is not None and saved != type(model).__name__:
+        raise ValueError(f"ckpt_path={path} holds a {saved} model, but model={model.hparams.get('name', '?')} "
+                         f"builds a {type(model).__name__}: pass the model it was trained with")
+    hp = ckpt.get("hyper_parameters", {})
+    for key in ("num_features", "num_labels"):
+        if key in hp and hp[key] != model.hparams[key]:
+            raise ValueError(f"ckpt_path={path} was trained with {key}={hp[key]}, but the data has "
+                             f"{key}={model.hparams[key]}: pass the dataset it was trained on")
+
+
+def _trainer(cfg: DictConfig, out: Path, run_name: str) -> L.Trainer:
+    kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
+    threads = kwargs.pop("num_threads")
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    callbacks = []
+    if kwargs.get("enable_checkpointing", True):
+        callbacks.append(ModelCheckpoint(dirpath=str(out / "checkpoints"), filename="epoch{epoch:03d}-step{step}",
+                                         auto_insert_metric_name=False, save_last=True))
+    if kwargs["max_epochs"] == 0:
+        log.warning("trainer.max_epochs=0: the model is not trained; testing the untrained model")
+    return L.Trainer(**kwargs, logger=_logger(cfg.logger, out, run_name), default_root_dir=str(out),
+                     callbacks=callbacks)
 
 
 def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
     """Train + test as configured; returns the metrics also written to ``out_dir/metrics.json``."""
     out = Path(out_dir)
     L.seed_everything(cfg.seed, workers=True)
-    dm = build_datamodule(cfg.data, world_size(cfg.trainer))
-    model = build_learner(cfg.model, dm)
-    trainer = L.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), logger=_logger(cfg.logger, out),
-                        default_root_dir=str(out))
+    data_name = _run_key(cfg)[1]
+    run_name = "-".join(_run_key(cfg))
+    dm, model, ckpt = _prepare(cfg, out)
+    trainer = _trainer(cfg, out, run_name)
+    if trainer.is_global_zero:
+        log.info("run directory: %s", out.resolve())
+        if trainer.checkpoint_callback is not None:
+            log.info("checkpoints: %s (resume: ckpt_path=last or resume=%s)",
+                     (out / "checkpoints" / "last.ckpt").resolve(), out.resolve())
+        if ckpt is not None:
+            log.info("resuming from %s", ckpt)
     t0 = time.perf_counter()
-    trainer.fit(model, datamodule=dm, ckpt_path=cfg.ckpt_path)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
     metrics: dict[str, Any] = {"train_seconds": time.perf_counter() - t0}
     metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")})
     if cfg.test:
@@ -96,23 +208,90 @@ def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
         metrics["test_seconds"] = time.perf_counter() - t0
         metrics.update({k: float(v) for k, v in results[0].items()})
     if trainer.is_global_zero:
-        metrics.update({"model": cfg.model.name, "data": cfg.data.get("name", cfg.data.kind)})
+        metrics.update({"model": cfg.model.name, "data": data_name, "structure": model.structure_summary()})
+        if cfg.test:
+            metrics["per_label"] = _per_label(model)
         (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
-        print(format_metrics(metrics))
+        _save_figures(model, out, cfg.test)
+        log.info("%s", format_metrics(metrics))
+        log.info("metrics: %s; pictures: %s", out / "metrics.json", ", ".join(
+            str(out / f) for f in ("structure.png", "per_label.png") if (out / f).exists()))
     return metrics
 
 
+def _per_label(model: StructuredLearner) -> dict[str, dict[str, float]]:
+    stats = model.test_per_label
+    return {name: {"accuracy": float(stats["accuracy"][i]), "f1": float(stats["f1"][i]),
+                   "support": int(stats["support"][i])} for i, name in enumerate(model.label_names)}
+
+
+def _save_figures(model: StructuredLearner, out: Path, tested: bool) -> None:
+    figures = {"structure.png": model.structure_figure()}
+    if tested:
+        figures["per_label.png"] = model.per_label_figure()
+    for name, fig in figures.items():
+        fig.savefig(out / name, dpi=100)
+        close_figure(fig)
+
+
 def format_metrics(metrics: dict[str, Any]) -> str:
+    """The console table of a run's test metrics and timings."""
     rows = [f"{k:<22} {v * 100:7.2f} %" for k, v in sorted(metrics.items()) if k.startswith("test/")]
     rows += [f"{k:<22} {v:8.2f} s" for k, v in sorted(metrics.items()) if k.endswith("_seconds")]
     return "\n".join([f"== {metrics.get('model')} on {metrics.get('data')} ==", *rows])
 
 
+def _route_library_logs() -> None:
+    """Send Lightning's log records and Python warnings through the root logger (console + train.log)."""
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        lg = logging.getLogger(name)
+        for handler in list(lg.handlers):
+            lg.removeHandler(handler)
+        lg.propagate = True
+    logging.captureWarnings(True)
+
+
+_TASK_STARTED = False
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    metrics = run(cfg, HydraConfig.get().runtime.output_dir)
+    global _TASK_STARTED
+    _TASK_STARTED = True
+    _route_library_logs()
+    out = Path(HydraConfig.get().runtime.output_dir)
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    try:
+        metrics = run(cfg, out)
+    except UserError as err:
+        (out / "error.txt").write_text(f"{err}\n")
+        log.error("error: %s", err)
+        if multirun:
+            return None
+        sys.exit(2)
+    except Exception as err:
+        if not multirun:
+            raise
+        (out / "error.txt").write_text(f"{type(err).__name__}: {err}\n")
+        log.exception("job failed")
+        return None
     return metrics.get("test/hamming_acc")
 
 
+_QUOTE = re.compile(r"^(ckpt_path|resume)=(?!['\"])(.*=.*)$")
+
+
+def cli() -> None:
+    """``python -m structtorch.train``: quotes checkpoint paths holding '=' (Lightning's
+    ``epoch=59-step=360.ckpt``) for Hydra, and turns Hydra's config errors into exit code 2."""
+    sys.argv = [_QUOTE.sub(lambda m: f"{m.group(1)}='{m.group(2)}'", a) for a in sys.argv]
+    try:
+        main()
+    except SystemExit as stop:
+        if stop.code == 1 and not _TASK_STARTED:  # Hydra rejected the config before any job ran
+            sys.exit(2)
+        raise
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -23,6 +23,28 @@ BATCH_SHAPES = [(), (2,), (3,), (2, 3), (1, 2)]
 STATES = [2, 3, 4]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def offline_mulan_cache(tmp_path_factory):
+    """CI has no internet: point STRUCTTORCH_DATA at a cache filled from ../shared/data/mulan (when it is
+    beside the checkout), the way an offline user does. Subprocesses inherit it."""
+    import os
+    from pathlib import Path
+
+    from structtorch.data.download import fill_cache_from
+
+    shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "mulan"
+    old = os.environ.get("STRUCTTORCH_DATA")
+    if shared.is_dir():
+        cache = tmp_path_factory.mktemp("structtorch_data")
+        fill_cache_from(shared, cache)
+        os.environ["STRUCTTORCH_DATA"] = str(cache)
+    yield
+    if old is None:
+        os.environ.pop("STRUCTTORCH_DATA", None)
+    else:
+        os.environ["STRUCTTORCH_DATA"] = old
+
+
 # ---------------------------------------------------------------------- graphs
 @st.composite
 def tree_edges(draw, n: int) -> list[tuple[int, int]]:

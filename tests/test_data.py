@@ -28,7 +28,7 @@ from structtorch.data import (
 )
 from structtorch.inference import brute_force_map
 
-MULAN_ROOT = Path("/work/shared/data/mulan")
+MULAN_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "mulan"  # ../shared beside the repo
 
 HEADER = """% a tiny multi-label data set
 @relation tiny
@@ -162,26 +162,26 @@ def test_load_arff_missing_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize("sparse", [False, True])
 def test_load_mulan_with_xml(tmp_path: Path, sparse: bool) -> None:
     root = _dataset(tmp_path, sparse=sparse)
-    x, y, feats, labels = load_mulan(root, "tiny", "train")
+    x, y, feats, labels = load_mulan("tiny", "train", root=root)
     assert x.dtype == torch.float32 and y.dtype == torch.long
     assert feats == ["f0", "f1"] and labels == ["y0", "y1", "y2"]
     np.testing.assert_allclose(x.numpy(), X[:4])
     np.testing.assert_array_equal(y.numpy(), Y[:4])
-    xt, yt, _, _ = load_mulan(root, "tiny", "test")
+    xt, yt, _, _ = load_mulan("tiny", "test", root=root)
     np.testing.assert_array_equal(yt.numpy(), Y[4:])
-    xa, ya, _, _ = load_mulan(root, "tiny", "all")
+    xa, ya, _, _ = load_mulan("tiny", "all", root=root)
     np.testing.assert_allclose(xa.numpy(), X)
 
 
-def test_load_mulan_without_xml_uses_last_num_labels(tmp_path: Path) -> None:
+def test_load_mulan_without_xml_uses_last_label_attributes(tmp_path: Path) -> None:
     root = _dataset(tmp_path, xml=False)
-    x, y, feats, labels = load_mulan(root, "tiny", "train", num_labels=3)
+    x, y, feats, labels = load_mulan("tiny", "train", root=root, label_attributes=3)
     assert feats == ["f0", "f1"] and labels == ["y0", "y1", "y2"]
     np.testing.assert_array_equal(y.numpy(), Y[:4])
-    x2, y2, feats2, labels2 = load_mulan(root, "tiny", "train", num_labels=2)
+    x2, y2, feats2, labels2 = load_mulan("tiny", "train", root=root, label_attributes=2)
     assert feats2 == ["f0", "f1", "y0"] and labels2 == ["y1", "y2"]
-    with pytest.raises(ValueError, match="num_labels"):
-        load_mulan(root, "tiny", "train")
+    with pytest.raises(ValueError, match="label_attributes"):
+        load_mulan("tiny", "train", root=root)
 
 
 def test_load_mulan_xml_labels_anywhere_and_namespaced(tmp_path: Path) -> None:
@@ -193,7 +193,7 @@ def test_load_mulan_xml_labels_anywhere_and_namespaced(tmp_path: Path) -> None:
     _write(d / "mid-test.arff", header + rows)
     _write(d / "mid.xml", XML)
     assert read_mulan_labels(d / "mid.xml") == ["y0", "y1", "y2"]
-    x, y, feats, labels = load_mulan(tmp_path, "mid", "train")
+    x, y, feats, labels = load_mulan("mid", "train", root=tmp_path)
     assert feats == ["f1", "f0"] and labels == ["y0", "y1", "y2"]
     np.testing.assert_allclose(x.numpy(), X[:, ::-1])
     np.testing.assert_array_equal(y.numpy(), Y)
@@ -210,7 +210,7 @@ def test_load_mulan_drops_string_and_categorical_attributes_with_warning(tmp_pat
     _write(d / "ids-test.arff", header + rows)
     _write(d / "ids.xml", XML)
     with pytest.warns(UserWarning, match=r"dropping 2 .*\['id', 'colour'\]"):
-        x, y, feats, labels = load_mulan(tmp_path, "ids", "train")
+        x, y, feats, labels = load_mulan("ids", "train", root=tmp_path)
     assert feats == ["word", "f0", "f1"]  # a {0,1} nominal non-label attribute is a numeric feature
     np.testing.assert_allclose(x[:, 0].numpy(), np.arange(6) % 2)
     np.testing.assert_allclose(x[:, 1:].numpy(), X)
@@ -223,19 +223,19 @@ def test_load_mulan_bad_label_value_names_line(tmp_path: Path) -> None:
     _write(d / "lab-train.arff", header + "1,2,0,1,0\n1,2,0,2,0\n")
     _write(d / "lab.xml", XML)
     with pytest.raises(ValueError, match=r"lab-train\.arff, line 12: label 'y1' has value 2"):
-        load_mulan(tmp_path, "lab", "train")
+        load_mulan("lab", "train", root=tmp_path)
 
 
 def test_load_mulan_xml_label_not_in_arff(tmp_path: Path) -> None:
     root = _dataset(tmp_path)
     _write(root / "tiny" / "tiny.xml", XML.replace('"y2"', '"zz"'))
     with pytest.raises(ValueError, match="zz"):
-        load_mulan(root, "tiny", "train")
+        load_mulan("tiny", "train", root=root)
 
 
 def test_load_mulan_missing_files_explain_how_to_get_them(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError) as err:
-        load_mulan(tmp_path, "scene", "train")
+        load_mulan("scene", "train", root=tmp_path)
     msg = str(err.value)
     assert str(tmp_path / "scene" / "scene-train.arff") in msg
     assert MULAN_URL in msg and "<name>-test.arff" in msg and "<name>.xml" in msg
@@ -244,9 +244,9 @@ def test_load_mulan_missing_files_explain_how_to_get_them(tmp_path: Path) -> Non
 def test_load_mulan_without_test_file_splits_with_seed(tmp_path: Path) -> None:
     x, y = _big(40)
     root = _dataset(tmp_path, x=x, y=y, n_train=40, test=False)
-    a = load_mulan_splits(root, "tiny", test_fraction=0.25, seed=3)
-    b = load_mulan_splits(root, "tiny", test_fraction=0.25, seed=3)
-    c = load_mulan_splits(root, "tiny", test_fraction=0.25, seed=4)
+    a = load_mulan_splits("tiny", root=root, test_fraction=0.25, seed=3)
+    b = load_mulan_splits("tiny", root=root, test_fraction=0.25, seed=3)
+    c = load_mulan_splits("tiny", root=root, test_fraction=0.25, seed=4)
     assert not a.test_from_file and len(a.x_test) == 10 and len(a.x_train) == 30
     ids_tr, ids_te = a.x_train[:, 0].long().tolist(), a.x_test[:, 0].long().tolist()
     assert sorted(ids_tr + ids_te) == list(range(40))
@@ -256,8 +256,8 @@ def test_load_mulan_without_test_file_splits_with_seed(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not (MULAN_ROOT / "emotions").is_dir(), reason="Mulan emotions data not present")
 def test_real_emotions_counts() -> None:
-    x, y, feats, labels = load_mulan(MULAN_ROOT, "emotions", "train")
-    xt, yt, _, _ = load_mulan(MULAN_ROOT, "emotions", "test")
+    x, y, feats, labels = load_mulan("emotions", "train", root=MULAN_ROOT)
+    xt, yt, _, _ = load_mulan("emotions", "test", root=MULAN_ROOT)
     assert x.shape == (391, 72) and y.shape == (391, 6)
     assert xt.shape == (202, 72) and yt.shape == (202, 6)
     assert len(feats) == 72 and labels[0] == "amazed-suprised"
@@ -354,6 +354,47 @@ def test_multilabel_datamodule_without_val(tmp_path: Path) -> None:
     root = str(_dataset(tmp_path))
     dm = MultilabelDataModule("tiny", root, val_fraction=0.0)
     assert len(dm.train_tensors[0]) == 4 and dm.val_dataloader() == []
+
+
+@pytest.mark.parametrize("name", [None, "???"])
+def test_multilabel_datamodule_needs_a_name(name: str | None) -> None:
+    with pytest.raises(ValueError, match=r"data=mulan needs data\.name=<dataset>, one of: .*emotions.*yeast"):
+        MultilabelDataModule(name)
+
+
+def test_multilabel_datamodule_unknown_name_fails_at_construction(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("STRUCTTORCH_DATA", str(tmp_path))
+    with pytest.raises(ValueError, match=r"unknown Mulan dataset 'emotion'. Did you mean 'emotions'"):
+        MultilabelDataModule("emotion")
+    assert not any(tmp_path.iterdir())  # nothing was fetched
+
+
+def test_multilabel_datamodule_max_labels_and_label_attributes(tmp_path: Path) -> None:
+    root = str(_dataset(tmp_path, xml=False))  # label frequencies in the train file: y0 2, y1 2, y2 3
+    dm = MultilabelDataModule("tiny", root, label_attributes=3, max_labels=2, val_fraction=0.0)
+    assert dm.num_labels == 2 and dm.label_names == ["y0", "y2"]
+    np.testing.assert_array_equal(dm.train_tensors[1].numpy(), Y[:4][:, [0, 2]])
+    np.testing.assert_array_equal(dm.test_tensors[1].numpy(), Y[4:][:, [0, 2]])
+    assert dm.hparams["label_attributes"] == 3 and dm.hparams["max_labels"] == 2
+
+
+def test_multilabel_datamodule_hparams_do_not_clash_with_the_learner(tmp_path: Path) -> None:
+    """Lightning merges datamodule and learner hparams for the logger and fails on a shared key with two
+    values (the datamodule's old ``num_labels=None`` vs the learner's ``num_labels=3``)."""
+    import lightning as L
+
+    from structtorch.learners import LEARNERS
+
+    x, y = _big(40)
+    dm = MultilabelDataModule("tiny", str(_dataset(tmp_path, x=x, y=y, n_train=30)), batch_size=10)
+    learner = LEARNERS["independent"](num_features=dm.num_features, num_labels=dm.num_labels)
+    assert not set(dm.hparams) & set(learner.hparams)
+    trainer = L.Trainer(max_epochs=1, logger=L.pytorch.loggers.CSVLogger(tmp_path / "logs"), enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=os.fspath(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(learner, datamodule=dm)
+    assert trainer.current_epoch == 1
 
 
 # ---------------------------------------------------------------------- synthetic

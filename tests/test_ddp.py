@@ -190,3 +190,19 @@ def test_epoch_shuffle_is_a_function_of_seed_and_epoch():
     b.set_epoch(5)
     assert list(a) != list(b)
     assert list(EpochShuffle(50, seed=4)) != list(EpochShuffle(50, seed=3))
+
+
+def test_ddp_full_keeps_every_examples_messages_on_every_rank(tmp_path):
+    """Full's per-example warm starts are all-gathered: the checkpoint (written by rank 0) holds the
+    messages of the examples that rank 1 trained on too."""
+    import torch
+
+    out = tmp_path / "full"
+    run_process(["-m", "structtorch.train", "trainer=ddp", "model=full", "model.iters=3", "data.num_train=120",
+                 "data.val_fraction=0", "data.batch_size=20", "data.num_test=20", "data.num_labels=4",
+                 "trainer.max_epochs=1", "trainer.enable_progress_bar=false", f"hydra.run.dir={out}"])
+    state = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    messages = state["example_state.messages"]
+    assert messages.shape[0] >= 120
+    written = messages[:120].flatten(1).abs().sum(1) > 0
+    assert bool(written.all()), f"{int((~written).sum())} of 120 examples have no stored messages"

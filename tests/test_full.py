@@ -33,8 +33,8 @@ def test_full_learns_and_beats_majority(synthetic: SyntheticDataModule) -> None:
     majority = torch.maximum(y_test.mean(0), 1 - y_test.mean(0)).mean().item()
     assert metrics["test/hamming_acc"] >= majority + 0.05
     # every training example got warm-start messages, and they are not all zero
-    assert model.messages.shape[0] >= len(synthetic.train_tensors[0])
-    assert model.messages[: len(synthetic.train_tensors[0])].abs().sum() > 0
+    assert model.example_state.num_examples("messages") >= len(synthetic.train_tensors[0])
+    assert model.example_state.messages[: len(synthetic.train_tensors[0])].abs().sum() > 0
 
 
 def test_full_not_worse_than_independent_on_coupled_labels(synthetic: SyntheticDataModule) -> None:

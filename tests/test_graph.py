@@ -276,3 +276,77 @@ def test_schedule_parent_edges_are_the_graph_edges(edges):
         stored = g.edges[e].tolist()
         assert sorted(stored) == sorted([p, v])
         assert bool(sched.flip[v]) == (stored[0] != p)
+
+
+# ---------------------------------------------------------------------- odd sizes and bad arguments
+@pytest.mark.parametrize("make", [Graph.chain, Graph.star, Graph.complete, Graph.empty])
+@pytest.mark.parametrize("n", [0, -1, -7])
+def test_constructors_reject_fewer_than_one_node(make, n):
+    with pytest.raises(ValueError, match=rf"n must be >= 1, got {n}"):
+        make(n)
+
+
+@pytest.mark.parametrize("make", [Graph.chain, Graph.star, Graph.complete, Graph.empty])
+@pytest.mark.parametrize("n", [2.0, "3", None, True])
+def test_constructors_reject_non_int_sizes(make, n):
+    with pytest.raises(TypeError, match="n must be an int"):
+        make(n)
+
+
+@pytest.mark.parametrize("make", [Graph.chain, Graph.star, Graph.complete, Graph.empty])
+def test_constructors_on_one_node_give_one_node_without_edges(make):
+    g = make(1)
+    assert g.num_nodes == 1 and g.edges.shape == (0, 2) and g.is_tree
+    assert make(np.int64(3)).num_nodes == 3  # numpy ints are ints
+
+
+@pytest.mark.parametrize("h,w,name", [(0, 3, "h"), (3, 0, "w"), (-2, 2, "h"), (2, -1, "w")])
+def test_grid_rejects_empty_sides(h, w, name):
+    with pytest.raises(ValueError, match=rf"{name} must be >= 1"):
+        Graph.grid(h, w)
+    with pytest.raises(TypeError, match=rf"{name} must be an int"):
+        Graph.grid(*((2.5, 2) if name == "h" else (2, 2.5)))
+
+
+def test_grid_with_one_row_is_a_chain():
+    assert Graph.grid(1, 4) == Graph.chain(4)
+    assert Graph.grid(1, 1).num_edges == 0
+
+
+@pytest.mark.parametrize("edges", [None, "ab", {0: 1}, 3, [[0, "a"]]])
+def test_non_tensor_edges_raise_type_error(edges):
+    with pytest.raises(TypeError, match=r"edges must be an integer tensor of shape \[E, 2\]"):
+        Graph(3, edges)
+
+
+def test_ensemble_of_zero_graphs_rejected():
+    with pytest.raises(ValueError, match="T >= 1 graphs, got T = 0"):
+        Graph(3, torch.zeros(0, 2, 2, dtype=torch.long))
+
+
+def test_from_mask_needs_a_bool_mask_and_a_graph():
+    g = Graph.complete(3)
+    with pytest.raises(TypeError, match="mask must be a BoolTensor"):
+        Graph.from_mask(torch.tensor([0.5, 0.0, 1.0]), g)
+    with pytest.raises(TypeError, match="graph must be a structtorch.Graph"):
+        Graph.from_mask(torch.ones(3, dtype=torch.bool), "complete")
+    assert Graph.from_mask([True, False, True], g).edges.tolist() == [[0, 1], [1, 2]]
+
+
+def test_require_forest_names_the_cyclic_member_of_an_ensemble():
+    g = Graph(4, torch.tensor([[[0, 1], [1, 2], [2, 3]], [[0, 1], [1, 2], [0, 2]]]))
+    with pytest.raises(ValueError, match=r"op needs a tree or forest, but member 1 of the ensemble.*cycle"):
+        g.require_forest("op")
+    Graph(4, g.edges[:1]).require_forest("op")  # member 0 alone is fine
+
+
+def test_require_spanning_trees():
+    Graph(4, torch.tensor([[[0, 1], [1, 2], [2, 3]], [[0, 3], [1, 3], [2, 3]]])).require_spanning_trees("op")
+    Graph(1, torch.zeros(2, 0, 2, dtype=torch.long)).require_spanning_trees("op")  # one node: empty trees
+    with pytest.raises(ValueError, match=r"op needs an ensemble graph of spanning trees, edges \[T, n-1, 2\] = "
+                                         r"\[T, 3, 2\] for n = 4 nodes, got edges \[2, 2, 2\]"):
+        Graph(4, torch.tensor([[[0, 1], [1, 2]], [[0, 1], [2, 3]]])).require_spanning_trees("op")
+    with pytest.raises(ValueError, match=r"got edges \[3, 2\]"):
+        Graph.chain(4).require_spanning_trees("op")
+    with pytest.raises(ValueError, match="member 0 of the ensemble.*cycle"):
+        Graph(4, torch.tensor([[[0, 1], [1, 2], [0, 2]]])).require_spanning_trees("op")

@@ -544,3 +544,41 @@ def test_ensemble_map_rejects_non_ensemble():
 def test_tree_kbest_rejects_non_potentials():
     with pytest.raises(TypeError, match="Potentials"):
         tree_kbest((torch.zeros(3, 2), torch.zeros(2, 2, 2)), 2)
+
+
+# ---------------------------------------------------------------------- empty batches and non-spanning ensembles
+@pytest.mark.parametrize("batch", [(0,), (2, 0)])
+def test_kbest_and_ensemble_map_on_an_empty_batch(batch):
+    scores, ys = tree_kbest(_tree_pot(batch), 3)
+    assert (scores.shape, scores.dtype, ys.shape, ys.dtype) == ((*batch, 3), torch.float64, (*batch, 3, 3),
+                                                                torch.long)
+    pot = _ensemble_pot(batch)
+    scores, ys = tree_kbest(pot, 3)
+    assert scores.shape == (*batch, 2, 3) and ys.shape == (*batch, 2, 3, 3)
+    y, score, certified, k_used = ensemble_map(pot, 2, k_max=8, exclude=torch.zeros(3, dtype=torch.long))
+    assert (y.shape, y.dtype) == ((*batch, 3), torch.long)
+    assert (score.shape, score.dtype) == (batch, torch.float64)
+    assert (certified.shape, certified.dtype, k_used.shape, k_used.dtype) == (batch, torch.bool, batch, torch.long)
+
+
+def test_ensemble_map_rejects_members_that_are_not_spanning_trees():
+    forests = Graph(4, torch.tensor([[[0, 1], [1, 2]], [[0, 1], [2, 3]]]))  # [T, 2, 2]: n - 2 edges per member
+    pot = random_potentials(forests, 2, (2,), seed=0, inf_prob=0.0, ties=False)
+    tree_kbest(pot, 2)  # forests are fine for per-tree k-best
+    with pytest.raises(ValueError, match=r"ensemble_map needs an ensemble graph of spanning trees, edges "
+                                         r"\[T, n-1, 2\] = \[T, 3, 2\] for n = 4 nodes, got edges \[2, 2, 2\]"):
+        ensemble_map(pot, 2)
+
+
+def test_ensemble_map_names_the_member_with_a_cycle():
+    g = Graph(4, torch.tensor([[[0, 1], [1, 2], [2, 3]], [[0, 1], [1, 2], [0, 2]]]))  # member 1: triangle + 3
+    pot = random_potentials(g, 2, (), seed=0, inf_prob=0.0, ties=False)
+    with pytest.raises(ValueError, match="ensemble_map needs a tree or forest, but member 1 of the ensemble"):
+        ensemble_map(pot, 2)
+
+
+def test_ensemble_map_on_one_node():
+    g = Graph(1, torch.zeros(3, 0, 2, dtype=torch.long))
+    pot = Potentials(torch.tensor([[0.5, 2.0, -1.0]], dtype=torch.float64), torch.zeros(1, 3, 0, 3, 3).double(), g)
+    y, score, certified, _ = ensemble_map(pot, 2)
+    assert y.tolist() == [[1]] and score.tolist() == [2.0] and certified.tolist() == [True]

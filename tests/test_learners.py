@@ -238,9 +238,16 @@ def test_hyperparameters_are_saved():
     assert ind.hparams.loss == "hinge" and "edges" not in ind.hparams
 
 
-def test_fixed_tree_without_edges_is_independent():
-    model = FixedTree(5, 4)
+def test_fixed_tree_with_empty_edges_is_independent():
+    model = FixedTree(5, 4, edges=[])
     assert model.hparams.edges == [] and model.energy.graph.num_edges == 0
+
+
+def test_fixed_tree_without_edges_waits_for_its_tree_from_the_data():
+    model = FixedTree(5, 4)
+    assert model.hparams.edges is None and model.hparams.tree == "chow_liu"
+    with pytest.raises(RuntimeError, match="Trainer.fit"):
+        model(torch.zeros(2, 5))
 
 
 @pytest.mark.parametrize("kind", ["independent", "chow_liu"])

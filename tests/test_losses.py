@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from structtorch import Graph, Potentials
-from structtorch.inference import brute_force_logz, brute_force_map
+from structtorch.inference import brute_force_logz, brute_force_map, smoothed_lp
 from structtorch.inference.exact import all_assignments
-from structtorch.losses import crf_nll, hamming_augment, map_value, structured_hinge
+from structtorch.losses import check_loss_finite, crf_nll, hamming_augment, map_value, structured_hinge
 
 
 # ---------------------------------------------------------------------- helpers
@@ -205,3 +205,111 @@ def test_float_labels_raise_type_error(fn):
     pot, y = random_problem(0, 4, 3, 2)
     with pytest.raises(TypeError, match="y"):
         fn(pot, y.double())
+
+
+# ---------------------------------------------------------------------- no silent inf / NaN
+def impossible_problem(batch: tuple[int, ...] = (4,)) -> tuple[Potentials, torch.Tensor, tuple, tuple]:
+    """Chain potentials [*batch] where the label of one example is impossible (one of its unary states is
+    -inf) and another example has no feasible assignment at all (a node with every state -inf)."""
+    gen = torch.Generator().manual_seed(0)
+    g = Graph.chain(3)
+    unary = torch.randn(*batch, 3, 2, generator=gen, dtype=torch.float64)
+    pair = torch.randn(*batch, 2, 2, 2, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 2, (*batch, 3), generator=gen)
+    flat = [i for i in torch.cartesian_prod(*[torch.arange(b) for b in batch]).reshape(-1, len(batch)).tolist()]
+    label_bad, infeasible = tuple(flat[1]), tuple(flat[-1])
+    unary[label_bad + (0, int(y[label_bad + (0,)]))] = float("-inf")
+    unary[infeasible + (2,)] = float("-inf")
+    return Potentials(unary, pair, g), y, label_bad, infeasible
+
+
+@pytest.mark.parametrize("fn", [structured_hinge, crf_nll])
+def test_losses_name_the_impossible_and_the_infeasible_example(fn):
+    pot, y, _, _ = impossible_problem()
+    with pytest.raises(ValueError, match=rf"{fn.__name__} is not finite for 2 of 4 examples: example 1: the label y "
+                                         r"has score -inf \(impossible under the potentials\); example 3: no "
+                                         r"feasible assignment"):
+        fn(pot, y)
+    ok = Potentials(pot.unary[[0, 2]], pot.pairwise[[0, 2]], pot.graph)
+    assert torch.isfinite(fn(ok, y[[0, 2]])).all()
+
+
+def test_loss_error_names_multi_dim_batch_positions():
+    pot, y, label_bad, infeasible = impossible_problem((2, 3))
+    assert (label_bad, infeasible) == ((0, 1), (1, 2))
+    with pytest.raises(ValueError, match=r"example \(0, 1\): the label y has score -inf.*example \(1, 2\): no "
+                                         r"feasible"):
+        crf_nll(pot, y)
+
+
+def test_check_loss_finite_passes_finite_losses_through_unchanged():
+    pot, y = random_problem(0, 4, 3, 2)
+    unary = pot.unary.clone().requires_grad_(True)
+    pot = Potentials(unary, pot.pairwise, pot.graph)
+    loss = structured_hinge(pot, y, max_fn=map_value)
+    assert check_loss_finite(loss, pot, y) is loss
+    loss.sum().backward()
+    assert unary.grad is not None and torch.isfinite(unary.grad).all()
+
+
+def test_check_loss_finite_names_dataset_indices_and_truncates():
+    g = Graph.chain(2)
+    unary = torch.zeros(8, 2, 2, dtype=torch.float64)
+    unary[:, 0, 0] = float("-inf")  # label 0 of node 0 impossible everywhere
+    pot = Potentials(unary, torch.zeros(8, 1, 2, 2, dtype=torch.float64), g)
+    y = torch.zeros(8, 2, dtype=torch.long)
+    loss = map_value(pot) - pot.score(y)
+    with pytest.raises(ValueError, match=r"Full.loss is not finite for 8 of 8 examples: example 0 \(dataset index "
+                                         r"100\): the label y has score -inf.*example 4 \(dataset index 104\).*; "
+                                         r"and 3 more$"):
+        check_loss_finite(loss, pot, y, "Full.loss", index=torch.arange(100, 108))
+
+
+def test_check_loss_finite_on_the_smoothed_lp_hinge_of_a_loopy_graph():
+    """The Full learner's loss: smoothed-LP value of the augmented potentials - score(y), complete graph."""
+    g = Graph.complete(4)
+    gen = torch.Generator().manual_seed(1)
+    unary = torch.randn(3, 4, 2, generator=gen, dtype=torch.float64)
+    pair = torch.randn(3, 6, 2, 2, generator=gen, dtype=torch.float64)
+    y = torch.zeros(3, 4, dtype=torch.long)
+    pair[0, 2, 0, 0] = float("-inf")  # example 0: y's pair on edge 2 is impossible
+    pair[2, 5] = float("-inf")  # example 2: edge 5 allows nothing
+    pot = Potentials(unary, pair, g)
+    loss = smoothed_lp(hamming_augment(pot, y), 0.1, 20).value - pot.score(y)
+    with pytest.raises(ValueError, match=r"2 of 3 examples: example 0: the label y has score -inf.*; example 2: no "
+                                         r"feasible assignment"):
+        check_loss_finite(loss, pot, y)
+
+
+def test_hamming_augment_on_an_ensemble_with_per_graph_unary():
+    """unary [B, T, n, K] with B == T: the augmentation must follow the batch dim, not the T dim."""
+    g = Graph(3, torch.tensor([[[0, 1], [1, 2]], [[0, 2], [1, 2]]]))
+    gen = torch.Generator().manual_seed(2)
+    pot = Potentials(torch.randn(2, 2, 3, 2, generator=gen, dtype=torch.float64),
+                     torch.randn(2, 2, 2, 2, 2, generator=gen, dtype=torch.float64), g)
+    y = torch.tensor([[0, 0, 0], [1, 1, 1]])
+    aug = hamming_augment(pot, y, 0.5)
+    wrong = 1.0 - torch.nn.functional.one_hot(y, 2).double()  # [B, n, K]
+    torch.testing.assert_close(aug.unary, pot.unary + 0.5 * wrong[:, None])
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "1", True, None])
+def test_hamming_augment_rejects_bad_scale(scale):
+    pot, y = random_problem(0, 3, 2, 2)
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        hamming_augment(pot, y, scale)
+
+
+@pytest.mark.parametrize("fn", [hamming_augment, structured_hinge, crf_nll])
+def test_labels_with_a_mismatched_batch_raise_value_error(fn):
+    pot, y = random_problem(0, 4, 3, 2)
+    with pytest.raises(ValueError, match=r"broadcastable to the batch \*B = \(2,\)"):
+        fn(pot, torch.zeros(3, 4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("fn", [structured_hinge, crf_nll])
+def test_losses_on_an_empty_batch(fn):
+    pot, y = random_problem(0, 4, 3, 2)
+    empty = Potentials(pot.unary[:0], pot.pairwise[:0], pot.graph)
+    loss = fn(empty, y[:0])
+    assert loss.shape == (0,) and loss.dtype == torch.float64

@@ -255,3 +255,39 @@ def test_non_integer_labels_rejected(y):
     pot = Potentials(**chain_pot())
     with pytest.raises(TypeError, match="y must be an integer"):
         pot.score(y)
+
+
+# ---------------------------------------------------------------------- odd batches and labels
+@pytest.mark.parametrize("y_batch", [(3,), (2, 3), (0,)])
+def test_labels_whose_batch_does_not_broadcast_are_rejected(y_batch):
+    pot = make_potentials(Graph.chain(3), 2, (2,))
+    with pytest.raises(ValueError, match=r"y must have shape \[\*B, n=3\] with leading dims broadcastable to the "
+                                         r"batch \*B = \(2,\)"):
+        pot.score(torch.zeros(*y_batch, 3, dtype=torch.long))
+
+
+def test_labels_with_extra_leading_dims_still_broadcast():
+    pot = make_potentials(Graph.chain(3), 2, (2,))
+    assert pot.score(torch.zeros(5, 1, 3, dtype=torch.long)).shape == (5, 2)
+    assert pot.score(torch.zeros(3, dtype=torch.long)).shape == (2,)
+
+
+def test_complex_labels_rejected():
+    pot = make_potentials(Graph.chain(3), 2, (2,))
+    with pytest.raises(TypeError, match="y must be an integer.*complex"):
+        pot.score(torch.zeros(2, 3, dtype=torch.complex64))
+
+
+@pytest.mark.parametrize("ensemble", [False, True])
+def test_empty_batch_scores_are_empty(ensemble):
+    g = Graph(4, torch.tensor([[[0, 1], [1, 2], [2, 3]], [[0, 3], [1, 3], [2, 3]]])) if ensemble else Graph.chain(4)
+    pot = make_potentials(g, 3, (0,), dtype=torch.float32)
+    s = pot.score(torch.zeros(0, 4, dtype=torch.long))
+    assert s.shape == ((0, 2) if ensemble else (0,)) and s.dtype == torch.float32
+    assert pot.batch_shape == (0,)
+
+
+def test_single_state_potentials():
+    pot = make_potentials(Graph.chain(3), 1, (2,))
+    torch.testing.assert_close(pot.score(torch.zeros(2, 3, dtype=torch.long)),
+                               pot.unary.sum((-1, -2)) + pot.pairwise.sum((-1, -2, -3)))

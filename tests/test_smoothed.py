@@ -376,3 +376,33 @@ def test_bad_inputs():
         lp_map(ens_pot)
     with pytest.raises(TypeError):
         lp_map(None)
+
+
+# ---------------------------------------------------------------------- empty batches
+@pytest.mark.parametrize("batch", [(0,), (2, 0)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_empty_batch_gives_empty_results(batch, dtype):
+    g = Graph.grid(2, 3)
+    n, E, K = g.num_nodes, g.num_edges, 3
+    unary = torch.zeros(*batch, n, K, dtype=dtype, requires_grad=True)
+    pot = Potentials(unary, torch.zeros(*batch, E, K, K, dtype=dtype), g)
+    res = smoothed_lp(pot, 0.1, 5, messages=torch.zeros(*batch, E, 2, K), tol=1e-6)
+    assert (res.value.shape, res.value.dtype, res.assignment.shape) == (batch, dtype, (*batch, n))
+    assert res.unary.shape == (*batch, n, K) and res.pairwise.shape == (*batch, E, K, K)
+    assert res.messages.shape == (*batch, E, 2, K) and res.assignment_score.shape == batch
+    lp = lp_map(pot)
+    assert (lp.value.shape, lp.value.dtype, lp.assignment.shape, lp.assignment.dtype) == (batch, dtype, (*batch, n),
+                                                                                          torch.long)
+    assert lp.unary.shape == (*batch, n, K) and lp.pairwise.shape == (*batch, E, K, K)
+    (res.value.sum() + lp.value.sum()).backward()
+    assert unary.grad.shape == unary.shape
+
+
+def test_lp_map_on_one_node_and_one_state():
+    pot = Potentials(torch.tensor([[0.5, 2.0, -1.0]], dtype=torch.float64), torch.zeros(0, 3, 3).double(),
+                     Graph.empty(1))
+    assert lp_map(pot).value.item() == 2.0 and lp_map(pot).assignment.tolist() == [1]  # batch ()
+    one = Potentials(torch.ones(2, 4, 1, dtype=torch.float64), torch.ones(2, 6, 1, 1, dtype=torch.float64),
+                     Graph.complete(4))
+    torch.testing.assert_close(lp_map(one).value, torch.full((2,), 10.0, dtype=torch.float64))
+    torch.testing.assert_close(smoothed_lp(one, 0.1, 3).value, torch.full((2,), 10.0, dtype=torch.float64))

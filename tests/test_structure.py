@@ -406,3 +406,33 @@ def test_random_spanning_trees_bad_input():
         sts.random_spanning_trees(4, 0)
     with pytest.raises(TypeError, match="T .* must be an int"):
         sts.random_spanning_trees(4, True)
+
+
+# ---------------------------------------------------------------------- NaN and empty batches
+def test_circuit_rank_regulariser_names_its_nan_argument():
+    tri = st.Graph.complete(3)
+    with pytest.raises(ValueError, match="pi contains NaN"):
+        sts.circuit_rank_penalty(torch.tensor([1.0, math.nan, 0.0]), tri)
+    with pytest.raises(ValueError, match="w_pair contains NaN"):
+        sts.cccp_linearization(torch.tensor([1.0, math.nan, 0.0]), tri)
+
+
+@pytest.mark.parametrize("batch", [(0,), (2, 0)])
+def test_structure_ops_on_an_empty_batch(batch):
+    g = st.Graph.complete(4)
+    w = torch.zeros(*batch, 6, requires_grad=True)
+    assert sts.max_spanning_tree(w, g).shape == (*batch, 6)
+    assert sts.circuit_rank(torch.zeros(*batch, 6, dtype=torch.bool), g).shape == batch
+    f = sts.circuit_rank_penalty(w, g)
+    f.sum().backward()
+    assert f.shape == batch and w.grad.shape == w.shape
+    assert sts.cccp_linearization(w, g).shape == (*batch, 6)
+
+
+def test_structure_ops_on_one_node():
+    g = st.Graph.empty(1)
+    assert sts.circuit_rank(torch.zeros(2, 0, dtype=torch.bool), g).tolist() == [0, 0]
+    assert sts.circuit_rank_penalty(torch.zeros(2, 0), g).tolist() == [0.0, 0.0]
+    assert sts.uniform_spanning_tree(1).edges.shape == (0, 2)
+    with pytest.raises(ValueError, match=r"n \(number of nodes\) must be >= 1"):
+        sts.uniform_spanning_tree(0)

@@ -4,6 +4,7 @@ basic-launcher multirun, missing dataset) works as a subprocess."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import inspect
 import itertools
@@ -38,10 +39,11 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
-MODELS, DATA, TRAINERS = options("model"), options("data"), options("trainer")
+MODELS, TRAINERS = options("model"), options("trainer")
+DATA = options("data") + ["scene", "emotions", "yeast", "medical"]  # every Mulan catalog name is a data config
 EXPERIMENTS = options("experiment") if (CONF / "experiment").is_dir() else []
 CONFIG_ERRORS = (ConfigCompositionException, ConfigKeyError, ValidationError)
-SMALL = ["data.num_train=200", "data.num_test=100", "data.num_labels=5", "trainer.max_epochs=2", "logger=none",
+SMALL = ["data.num_train=200", "data.num_test=100", "data.num_labels=5", "trainer.max_epochs=2",
          "trainer.enable_progress_bar=false", "trainer.enable_checkpointing=false", "trainer.log_every_n_steps=1"]
 
 pytestmark = [pytest.mark.usefixtures("quiet_single_thread"),
@@ -63,8 +65,14 @@ def small_cfg(*overrides: str) -> DictConfig:
 
 # ---------------------------------------------------------------------- (a) compose every config
 def test_config_groups_are_not_empty():
+    from hydra.core.config_store import ConfigStore
+
+    from structtorch.data import mulan_datasets
+
     assert {"independent", "fixed_tree"} <= set(MODELS)
-    assert {"synthetic", "mulan", "emotions"} <= set(DATA)
+    assert {"synthetic", "mulan"} <= set(DATA)
+    registered = {name.removesuffix(".yaml") for name in ConfigStore.instance().list("data")}
+    assert set(mulan_datasets()) <= registered and {"scene", "emotions", "yeast", "medical"} <= registered
     assert {"cpu", "gpu", "ddp"} <= set(TRAINERS)
 
 
@@ -90,12 +98,10 @@ def test_every_config_combination_composes(model, data, trainer, monkeypatch):
     assert isinstance(cfg.data.batch_size, int) and cfg.data.batch_size >= 1
     if cfg.data.kind == "mulan":
         assert cfg.data.name == (data if data != "mulan" else "emotions")
-        assert cfg.data.root == "../shared/data/mulan"
-        if MULAN.is_dir():  # the default root, relative to the repo root, holds the dataset
-            assert (REPO / cfg.data.root / cfg.data.name / f"{cfg.data.name}-train.arff").is_file()
+        assert cfg.data.root is None  # default: the download cache ($STRUCTTORCH_DATA), nothing outside the project
     # trainer: exactly the schema's fields, all of them lightning.Trainer arguments
     assert set(cfg.trainer) == {f.name for f in dataclasses.fields(TrainerConfig)}
-    assert set(cfg.trainer) <= set(inspect.signature(L.Trainer.__init__).parameters)
+    assert set(cfg.trainer) - {"num_threads"} <= set(inspect.signature(L.Trainer.__init__).parameters)
     assert world_size(cfg.trainer) == (2 if trainer == "ddp" else 1)
     if trainer == "ddp":
         assert cfg.trainer.strategy == "ddp" and cfg.trainer.accelerator == "cpu" and cfg.trainer.devices == 2
@@ -148,12 +154,6 @@ def test_typo_in_a_yaml_file_raises_config_error(tmp_path):
         compose_cfg(["trainer=typo"], conf)
 
 
-def test_mulan_root_comes_from_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv("STRUCTTORCH_MULAN_ROOT", str(tmp_path))
-    cfg = compose_cfg(["data=emotions"])
-    assert cfg.data.root == str(tmp_path)
-
-
 # ---------------------------------------------------------------------- build_datamodule / build_learner
 def test_batch_size_is_global_and_split_across_processes():
     cfg = small_cfg("data.batch_size=64")
@@ -169,17 +169,29 @@ def test_build_datamodule_rejects_an_unknown_kind():
         build_datamodule(small_cfg("data.kind=csv").data)
 
 
+def _pairs(g: Graph) -> set:
+    return {tuple(sorted(e)) for e in g.edges.tolist()}
+
+
 @pytest.mark.parametrize("tree", ["chain", "star", "empty", "chow_liu"])
-def test_build_learner_fixed_tree_structures(tree):
-    cfg = small_cfg("model=fixed_tree", f"model.tree={tree}")
+def test_fixed_tree_builds_its_tree_from_the_training_data_when_fitted(tree, tmp_path):
+    cfg = small_cfg("model=fixed_tree", f"model.tree={tree}", "trainer.max_epochs=1")
     dm = build_datamodule(cfg.data)
     learner = build_learner(cfg.model, dm)
     assert isinstance(learner, FixedTree)
+    with pytest.raises(RuntimeError, match="Trainer.fit"):  # no tree before fit
+        learner(dm.train_tensors[0][:2])
     n = dm.num_labels
     expected = {"chain": Graph.chain(n), "star": Graph.star(n), "empty": Graph.empty(n),
                 "chow_liu": chow_liu_tree(dm.train_tensors[1])}[tree]
-    assert learner.hparams.edges == expected.edges.tolist()
-    assert torch.equal(learner.energy.graph.edges, expected.edges)
+    L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              default_root_dir=tmp_path).fit(learner, datamodule=dm)
+    assert _pairs(learner.graph) == _pairs(expected) and learner.graph.is_forest
+    assert learner.energy.edge_weight.shape == (expected.num_edges,)
+    names = learner.structure_summary()
+    assert names["num_edges"] == expected.num_edges
+    assert {tuple(sorted(e[:2])) for e in names["edges"]} == {tuple(sorted((f"y{a}", f"y{b}"))) for a, b in
+                                                                 expected.edges.tolist()}
 
 
 def test_build_learner_rejects_unknown_tree_and_model_name():
@@ -198,8 +210,16 @@ def test_build_learner_rejects_unknown_tree_and_model_name():
 def test_run_writes_metrics_json(overrides, tmp_path):
     cfg = small_cfg(*overrides)
     metrics = run(cfg, tmp_path)
+    run_name = f"{cfg.model.name}-synthetic"
+    if cfg.logger == "tensorboard":  # the default logger: one run per model/data, structure picture logged
+        events = list((tmp_path / run_name).glob("events.out.tfevents.*"))
+        assert events
+        tags = _tensorboard_tags(tmp_path / run_name)
+        assert {"structure", "test/per_label", "hp_metric"} <= tags, tags
+    assert (tmp_path / "structure.png").stat().st_size > 0 and (tmp_path / "per_label.png").stat().st_size > 0
     written = json.loads((tmp_path / "metrics.json").read_text())
-    assert written == pytest.approx(metrics)
+    numbers = {k: v for k, v in metrics.items() if isinstance(v, float)}
+    assert {k: written[k] for k in numbers} == pytest.approx(numbers)
     for key in ("test/hamming_acc", "test/subset_acc", "test/example_f1", "test/micro_f1", "test/macro_f1"):
         assert 0.0 <= written[key] <= 1.0, key
     assert written["train_seconds"] > 0 and written["test_seconds"] > 0
@@ -207,7 +227,20 @@ def test_run_writes_metrics_json(overrides, tmp_path):
     # a real (if short) training run: clearly better than chance on 5 labels
     assert written["test/hamming_acc"] > 0.75
     if cfg.logger == "csv":
-        assert list(tmp_path.glob("csv/**/metrics.csv"))
+        assert list(tmp_path.glob(f"{run_name}/**/metrics.csv"))
+    assert set(written["per_label"]) == {f"y{i}" for i in range(5)}
+    assert written["structure"]["num_edges"] == (0 if cfg.model.name == "independent" else 4)
+
+
+def _tensorboard_tags(logdir: Path) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set()
+    for events in logdir.glob("events.out.tfevents.*"):
+        acc = EventAccumulator(str(events), size_guidance={"images": 0, "scalars": 0})
+        acc.Reload()
+        tags |= set(acc.Tags()["images"]) | set(acc.Tags()["scalars"])
+    return tags
 
 
 def test_run_without_test_writes_only_timing(tmp_path):
@@ -236,6 +269,7 @@ def fresh(cfg: DictConfig):
 
 def trainer_for(cfg: DictConfig, max_epochs: int, callbacks=()) -> L.Trainer:
     kwargs = OmegaConf.to_container(cfg.trainer)
+    kwargs.pop("num_threads")
     kwargs.update(max_epochs=max_epochs, enable_checkpointing=bool(callbacks), enable_progress_bar=False)
     return L.Trainer(**kwargs, logger=False, callbacks=list(callbacks))
 
@@ -301,23 +335,21 @@ def test_run_resumes_from_cfg_ckpt_path(tmp_path):
     base = ["model=fixed_tree", "model.lr_schedule=none", "trainer.enable_checkpointing=true"]
     straight = run(small_cfg(*base, "trainer.max_epochs=4"), tmp_path / "straight")
     run(small_cfg(*base, "trainer.max_epochs=2"), tmp_path / "first")
-    ckpts = sorted((tmp_path / "first").glob("**/*.ckpt"))
-    assert len(ckpts) == 1, ckpts
-    resumed = run(small_cfg(*base, "trainer.max_epochs=4", f"ckpt_path='{ckpts[0]}'"), tmp_path / "resumed")
+    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    assert last.is_file() and len(list((tmp_path / "first" / "checkpoints").glob("epoch*.ckpt"))) == 1
+    resumed = run(small_cfg(*base, "trainer.max_epochs=4", f"ckpt_path='{last}'"), tmp_path / "resumed")
     tests = [k for k in straight if k.startswith("test/")]
     assert tests and {k: resumed[k] for k in tests} == {k: straight[k] for k in tests}
 
 
 # ---------------------------------------------------------------------- (d) the real CLI
 def cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="1", PYTHONWARNINGS="ignore")
-    env.pop("STRUCTTORCH_MULAN_ROOT", None)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     return subprocess.run([sys.executable, "-m", "structtorch.train", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
-CLI_TRAINER = ["trainer.max_epochs=1", "logger=none", "trainer.enable_progress_bar=false",
-               "trainer.enable_checkpointing=false"]
+CLI_TRAINER = ["trainer.max_epochs=1", "trainer.enable_progress_bar=false", "trainer.enable_checkpointing=false"]
 CLI_SMALL = ["data.num_train=200", "data.num_test=100", *CLI_TRAINER]
 
 
@@ -337,6 +369,7 @@ def test_cli_multirun_with_the_basic_launcher(tmp_path):
     sweep = tmp_path / "sweep"
     proc = cli("-m", "model=independent,fixed_tree", *CLI_SMALL, f"hydra.sweep.dir={sweep}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert [r["status"] for r in csv.DictReader(open(sweep / "summary.csv"))] == ["ok", "ok"]
     jobs = sorted(p.parent for p in sweep.glob("*/metrics.json"))
     assert [j.name for j in jobs] == ["0", "1"]
     models = sorted(json.loads((j / "metrics.json").read_text())["model"] for j in jobs)
@@ -344,14 +377,99 @@ def test_cli_multirun_with_the_basic_launcher(tmp_path):
     assert (sweep / "multirun.yaml").is_file()
 
 
+def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    """Exit code 2, the message, and no traceback."""
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    for needle in needles:
+        assert needle in output, (needle, output[-3000:])
+
+
 def test_cli_missing_mulan_dataset_names_the_path(tmp_path):
     proc = cli("data=mulan", "data.name=nope", f"data.root={tmp_path}", *CLI_TRAINER,
                f"hydra.run.dir={tmp_path / 'run'}")
-    assert proc.returncode != 0
-    output = proc.stdout + proc.stderr
-    assert "FileNotFoundError" in output
-    assert str(tmp_path / "nope" / "nope-train.arff") in output
+    assert_user_error(proc, str(tmp_path / "nope" / "nope-train.arff"))
     assert not (tmp_path / "run" / "metrics.json").exists()
+    assert "nope-train.arff" in (tmp_path / "run" / "error.txt").read_text()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["data=mulan"], "data=mulan needs data.name"),
+    (["data=mulan", "data.name=emotinos"], "emotions"),  # a typo: the message suggests the close name
+    (["model.optimizer=adamm"], "optimizer"),
+    (["model.l2=abc"], "l2"),  # a value of the wrong type: Hydra's message, exit code 2
+])
+def test_cli_user_errors_exit_2_with_one_line(args, needle, tmp_path):
+    assert_user_error(cli(*args, *CLI_TRAINER, f"hydra.run.dir={tmp_path / 'run'}"), needle)
+
+
+def test_cli_max_epochs_0_warns_that_the_model_is_untrained(tmp_path):
+    proc = cli(*CLI_SMALL[:2], "trainer.max_epochs=0", "trainer.enable_progress_bar=false",
+               f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "untrained model" in proc.stdout + proc.stderr
+
+
+CKPT_RUN = ["model=fixed_tree", "data.num_train=200", "data.num_test=100", "trainer.enable_progress_bar=false"]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    """A 1-epoch fixed_tree run with the default logger and checkpointing, under an outputs/ folder."""
+    out = tmp_path_factory.mktemp("runs") / "outputs" / "first"
+    proc = cli(*CKPT_RUN, "trainer.max_epochs=1", f"hydra.run.dir={out}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert str(out.resolve() / "checkpoints" / "last.ckpt") in proc.stdout  # the console names it first
+    assert "== fixed_tree on synthetic ==" in proc.stdout
+    log = (out / "train.log").read_text()
+    assert "run directory" in log and "test/hamming_acc" in log and "Trainer.fit" in log
+    return out
+
+
+def _epochs_trained(run_dir: Path) -> int:
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    return int(ckpt["epoch"]) + 1
+
+
+@pytest.mark.parametrize("how", ["last", "resume", "lightning_name"])
+def test_cli_resume_without_quoting(how, trained_run):
+    if how == "last":
+        arg = "ckpt_path=last"
+    elif how == "resume":
+        arg = f"resume={trained_run}"
+    else:  # Lightning's own file name, with '=' signs, given unquoted
+        named = trained_run / "checkpoints" / "epoch=0-step=3.ckpt"
+        shutil.copy(trained_run / "checkpoints" / "last.ckpt", named)
+        arg = f"ckpt_path={named}"
+    out = trained_run.parent / f"resumed-{how}"
+    proc = cli(*CKPT_RUN, "trainer.max_epochs=2", arg, f"hydra.run.dir={out}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resuming from" in proc.stdout
+    assert _epochs_trained(out) == 2  # one more epoch on top of the checkpoint's one
+
+
+def test_cli_rejects_a_text_file_and_a_wrong_model_checkpoint(trained_run, tmp_path):
+    text = tmp_path / "notes.ckpt"
+    text.write_text("not a checkpoint\n")
+    proc = cli(*CKPT_RUN, f"ckpt_path={text}", f"hydra.run.dir={tmp_path / 'a'}")
+    assert_user_error(proc, "is not a checkpoint")
+    proc = cli("model=independent", *CKPT_RUN[1:], f"ckpt_path={trained_run / 'checkpoints' / 'last.ckpt'}",
+               f"hydra.run.dir={tmp_path / 'b'}")
+    assert_user_error(proc, "holds a FixedTree model")
+    proc = cli(*CKPT_RUN, f"ckpt_path={tmp_path / 'missing.ckpt'}", f"hydra.run.dir={tmp_path / 'c'}")
+    assert_user_error(proc, "no such file")
+
+
+def test_cli_sweep_summary_lists_failed_jobs(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = cli("-m", "model.optimizer=adam,adamm", *CLI_SMALL, f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # a job failed: the sweep says so
+    summary = (sweep / "summary.md").read_text()
+    assert "| ok |" in summary and "| failed |" in summary and "optimizer" in summary
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert [r["status"] for r in rows] == ["ok", "failed"]
+    assert "sweep summary (2 jobs, 1 failed)" in proc.stdout
 
 
 def test_cli_typo_fails_before_training(tmp_path):

@@ -657,3 +657,61 @@ def test_cost_model_prefers_levels_for_large_batches_and_states():
     cpu = torch.device("cpu")
     assert _cheapest_schedule(g, 1, 2, cpu) is g.schedule(cpu, compress=True)
     assert _cheapest_schedule(g, 1024, 8, cpu) is g.schedule(cpu, compress=False)
+
+
+# ---------------------------------------------------------------------- empty batches and odd sizes
+EMPTY_GRAPHS = {
+    "path": Graph.chain(5),  # the compress steps of a path
+    "star": Graph.star(4),
+    "forest": Graph(5, [[0, 1], [3, 4]]),
+    "no-edges": Graph.empty(3),
+    "ensemble": Graph(4, torch.tensor([[[0, 1], [1, 2], [2, 3]], [[0, 3], [1, 3], [2, 3]]])),
+}
+
+
+@pytest.mark.parametrize("batch", [(0,), (2, 0)])
+@pytest.mark.parametrize("name", list(EMPTY_GRAPHS))
+@pytest.mark.parametrize("dtype", BOTH_DTYPES)
+def test_tree_ops_on_an_empty_batch_give_empty_outputs(name, batch, dtype):
+    """A filtered-out batch is legitimate: every op returns empty outputs of the right shape and dtype."""
+    g = EMPTY_GRAPHS[name]
+    pot = make_potentials(g, 3, batch, dtype)
+    lead, n, E = (*batch, 2) if g.is_ensemble else batch, g.num_nodes, g.num_edges
+    score, y = inf.tree_map(pot)
+    assert (score.shape, score.dtype, y.shape, y.dtype) == (lead, dtype, (*lead, n), torch.long)
+    logz = inf.tree_logz(pot)
+    assert (logz.shape, logz.dtype) == (lead, dtype)
+    mu, mu_pair = inf.tree_marginals(pot)
+    assert (mu.shape, mu_pair.shape, mu.dtype) == ((*lead, n, 3), (*lead, E, 3, 3), dtype)
+    ys = inf.tree_sample(pot, 4)
+    assert (ys.shape, ys.dtype) == ((4, *lead, n), torch.long)
+
+
+def test_empty_batch_gradients_are_empty():
+    unary = torch.zeros(0, 5, 2, dtype=torch.float64, requires_grad=True)
+    pot = Potentials(unary, torch.zeros(0, 4, 2, 2, dtype=torch.float64), Graph.chain(5))
+    (inf.tree_logz(pot).sum() + inf.tree_map(pot)[0].sum()).backward()
+    assert unary.grad.shape == (0, 5, 2)
+
+
+def test_tree_sample_with_one_state_and_one_node():
+    pot = make_potentials(Graph.chain(4), 1, (2,))
+    assert torch.equal(inf.tree_sample(pot, 3), torch.zeros(3, 2, 4, dtype=torch.long))
+    single = make_potentials(Graph.empty(1), 3, (2,), seed=1)
+    ys = inf.tree_sample(single, 500, generator=torch.Generator().manual_seed(0))
+    assert ys.shape == (500, 2, 1) and set(ys.unique().tolist()) <= {0, 1, 2}
+
+
+@pytest.mark.parametrize("fn", [inf.brute_force_map, inf.brute_force_logz, inf.brute_force_marginals,
+                                lambda pot: inf.brute_force_kbest(pot, 2)])
+def test_brute_force_rejects_non_potentials(fn):
+    with pytest.raises(TypeError, match="brute force inference expects a structtorch.Potentials, got tuple"):
+        fn((torch.zeros(3, 2), torch.zeros(2, 2, 2)))
+
+
+@pytest.mark.parametrize("batch", [(0,), (3, 0)])
+def test_brute_force_on_an_empty_batch(batch):
+    pot = make_potentials(Graph.chain(3), 2, batch)
+    assert inf.brute_force_map(pot)[1].shape == (*batch, 3)
+    assert inf.brute_force_logz(pot).shape == batch
+    assert inf.brute_force_kbest(pot, 2)[1].shape == (*batch, 2, 3)

@@ -1,4 +1,5 @@
-"""Data: ARFF / Mulan loading, the synthetic CRANK generator, and LightningDataModules.
+"""Data: ARFF / Mulan loading (any Mulan dataset by name, downloaded with checksums), the synthetic
+CRANK generator, and LightningDataModules.
 
 Batches are tuples ``(x [B, D] float32, y [B, L] int64 in {0, 1})``.
 """
@@ -11,6 +12,7 @@ from .datamodule import (
     kfold_indices,
     train_val_indices,
 )
+from .download import DownloadError, fetch_mulan, fill_cache_from, mulan_cache_dir, mulan_datasets
 from .mulan import MULAN_URL, MulanData, arff_to_multilabel, load_mulan, load_mulan_splits, read_mulan_labels
 from .synthetic import CrankSynthetic, crank_potentials, crank_synthetic, pruefer_decode, random_tree
 
@@ -19,6 +21,7 @@ __all__ = [
     "ArffAttribute",
     "ArffData",
     "CrankSynthetic",
+    "DownloadError",
     "MulanData",
     "MultilabelDataModule",
     "Standardizer",
@@ -26,10 +29,14 @@ __all__ = [
     "arff_to_multilabel",
     "crank_potentials",
     "crank_synthetic",
+    "fetch_mulan",
+    "fill_cache_from",
     "kfold_indices",
     "load_arff",
     "load_mulan",
     "load_mulan_splits",
+    "mulan_cache_dir",
+    "mulan_datasets",
     "pruefer_decode",
     "random_tree",
     "read_mulan_labels",

@@ -9,7 +9,6 @@ they call ``setup()`` on first access, which is idempotent and independent of ``
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import lightning as L
@@ -17,13 +16,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from .download import fetch_mulan, mulan_datasets, mulan_files
 from .mulan import load_mulan_splits
 from .synthetic import crank_synthetic
 
 __all__ = ["EpochShuffle", "MultilabelDataModule", "Shard", "Standardizer", "SyntheticDataModule", "kfold_indices",
            "train_val_indices"]
-
-DEFAULT_MULAN_ROOT = os.environ.get("STRUCTTORCH_MULAN_ROOT", "data/mulan")
 
 
 @dataclass
@@ -248,28 +246,43 @@ class _TensorDataModule(L.LightningDataModule):
 
 
 class MultilabelDataModule(_TensorDataModule):
-    """A Mulan multi-label dataset (``<root>/<name>/<name>-train.arff``, ``-test.arff``, ``.xml``).
+    """A Mulan multi-label dataset by name (``load_mulan_splits``): downloaded into the verified cache
+    ``$STRUCTTORCH_DATA/mulan/<name>`` on first use (``url`` overrides the source), or read from a local
+    copy ``<root>/<name>/<name>-train.arff``, ``-test.arff``, ``.xml`` when ``root`` is given.
 
     Default protocol: train/val split of the train file (``val_fraction``, seeded), test = the
     official test file. With ``num_folds`` (e.g. 5 for RTA's protocol) train and test files are
     pooled and fold ``fold`` of a seeded k-fold partition is the test set; validation is then
     split from the remaining folds. Standardisation statistics come from the final training part
     only. ``test_fraction`` splits off a test set (seeded) for datasets without a test file;
-    ``num_labels`` names the labels as the last L attributes for datasets without ``<name>.xml``.
+    ``label_attributes`` names the labels as the last L attributes for datasets without ``<name>.xml``;
+    ``max_labels`` keeps the most frequent labels of the training file (e.g. 10 for medical, as in CRANK).
+    ValueError (raised here, before any loading) if ``name`` is missing or not a Mulan dataset.
     """
 
-    def __init__(self, name: str = "emotions", root: str = DEFAULT_MULAN_ROOT, batch_size: int = 64,
-                 val_fraction: float = 0.1, seed: int = 0, num_folds: int | None = None, fold: int = 0,
-                 num_workers: int = 0, standardize: bool = True, test_fraction: float = 0.3,
-                 num_labels: int | None = None) -> None:
+    def __init__(self, name: str | None = None, root: str | None = None, url: str | None = None,
+                 batch_size: int = 64, val_fraction: float = 0.1, seed: int = 0, num_folds: int | None = None,
+                 fold: int = 0, num_workers: int = 0, standardize: bool = True, test_fraction: float = 0.3,
+                 label_attributes: int | None = None, max_labels: int | None = None) -> None:
         super().__init__(batch_size, val_fraction, seed, num_folds, fold, num_workers, standardize)
+        if name is None or name == "???":
+            raise ValueError(f"data=mulan needs data.name=<dataset>, one of: {', '.join(mulan_datasets())} "
+                             f"(or a dataset of your own under data.root=<dir>)")
+        if root is None:
+            mulan_files(name)  # an unknown or undownloadable name fails now, with suggestions
         self.save_hyperparameters()
-        self.name, self.root = name, root
-        self.test_fraction, self._num_labels_arg = test_fraction, num_labels
+        self.name, self.root, self.url = name, root, url
+        self.test_fraction, self.label_attributes, self.max_labels = test_fraction, label_attributes, max_labels
+
+    def prepare_data(self) -> None:
+        """Download the dataset into the cache if needed (Lightning runs this on one process per node)."""
+        if self.root is None:
+            fetch_mulan(self.name, url=self.url)
 
     def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[str], list[str]]:
-        d = load_mulan_splits(self.root, self.name, num_labels=self._num_labels_arg,
-                              test_fraction=self.test_fraction, seed=self.seed)
+        d = load_mulan_splits(self.name, root=self.root, url=self.url, max_labels=self.max_labels,
+                              label_attributes=self.label_attributes, test_fraction=self.test_fraction,
+                              seed=self.seed)
         return d.x_train, d.y_train, d.x_test, d.y_test, d.feature_names, d.label_names
 
 

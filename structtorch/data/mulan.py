@@ -1,7 +1,11 @@
-"""Mulan multi-label datasets: ``<root>/<name>/<name>-train.arff``, ``<name>-test.arff``, ``<name>.xml``.
+"""Mulan multi-label datasets by name: ``load_mulan("emotions")``.
+
+A dataset of the Mulan collection (``mulan_datasets()``) is read from the verified download cache
+(``download.fetch_mulan``: ``$STRUCTTORCH_DATA/mulan/<name>/``, filled on first use); ``root=<dir>``
+reads a local copy ``<dir>/<name>/<name>-train.arff``, ``<name>-test.arff``, ``<name>.xml`` instead.
 
 Labels are the binary attributes named in the Mulan label XML (``<labels xmlns=...><label
-name="..."/>...``), or, when there is no XML, the last ``num_labels`` attributes. Labels keep the
+name="..."/>...``), or, when there is no XML, the last ``label_attributes`` attributes. Labels keep the
 order in which they appear among the ARFF attributes. Features are the other numeric
 attributes; a nominal attribute whose declared values are all numbers (e.g. the ``{0,1}`` word
 indicators of medical / enron / bibtex) is a numeric feature with that value. Other non-label
@@ -20,9 +24,10 @@ import numpy as np
 import torch
 
 from .arff import ArffData, load_arff
+from .download import fetch_mulan, mulan_datasets, mulan_files
 
 __all__ = ["MULAN_URL", "MulanData", "arff_to_multilabel", "load_mulan", "load_mulan_splits",
-           "mulan_paths", "read_mulan_labels"]
+           "most_frequent_labels", "mulan_paths", "read_mulan_labels"]
 
 MULAN_URL = "http://mulan.sourceforge.net/datasets-mlc.html"
 SPLITS = ("train", "test", "all")
@@ -76,21 +81,31 @@ def read_mulan_labels(xml_path: str | os.PathLike) -> list[str]:
     return [str(n) for n in names]
 
 
-def load_mulan(root: str | os.PathLike, name: str, split: str = "train", num_labels: int | None = None,
-               test_fraction: float = 0.3, seed: int = 0
-               ) -> tuple[torch.Tensor, torch.Tensor, list[str], list[str]]:
-    """Load one split of a Mulan dataset.
+def load_mulan(name: str, split: str = "train", root: str | os.PathLike | None = None, url: str | None = None,
+               max_labels: int | None = None, label_attributes: int | None = None, test_fraction: float = 0.3,
+               seed: int = 0, progress: bool = True) -> tuple[torch.Tensor, torch.Tensor, list[str], list[str]]:
+    """Load one split of a Mulan dataset by name, downloading it into the cache on first use.
 
     Returns (features FloatTensor [N, D], labels LongTensor [N, L] in {0, 1}, feature_names [D],
     label_names [L]). ``split`` is ``"train"``, ``"test"`` or ``"all"`` (train then test).
-    Labels are named by ``<name>.xml``, or are the last ``num_labels`` attributes when there is
-    no XML. A dataset without ``<name>-test.arff`` has ``test_fraction`` of its rows split off as
-    the test set (random permutation seeded by ``seed``).
-    Raises FileNotFoundError (with the expected layout and the Mulan URL) if the files are absent.
+
+    name: a dataset of the Mulan collection (``mulan_datasets()``), or of your own with ``root``.
+    root: a local copy ``<root>/<name>/<name>-train.arff, -test.arff, .xml`` used as is; None (default)
+        reads the cache ``$STRUCTTORCH_DATA/mulan/<name>`` (default ``~/.cache/structtorch``), filling
+        it from ``url`` (default: the Mulan GitHub repository at a pinned commit) with checksums.
+    max_labels: keep only the ``max_labels`` labels most frequent in the training data (ties: lower
+        label index first; label order preserved), e.g. 10 for medical as in CRANK.
+    label_attributes: for data without ``<name>.xml``, the labels are the last ``label_attributes``
+        attributes of the ARFF file.
+    A dataset without a test file has ``test_fraction`` of its rows split off as the test set
+    (random permutation seeded by ``seed``). ``progress``: download progress bar on stderr.
+    Raises FileNotFoundError (with the expected layout) if a local copy is absent, ValueError for an
+    unknown dataset name, ``DownloadError`` if a download fails its checks.
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    data = load_mulan_splits(root, name, num_labels=num_labels, test_fraction=test_fraction, seed=seed)
+    data = load_mulan_splits(name, root=root, url=url, max_labels=max_labels, label_attributes=label_attributes,
+                             test_fraction=test_fraction, seed=seed, progress=progress)
     if split == "train":
         x, y = data.x_train, data.y_train
     elif split == "test":
@@ -100,43 +115,59 @@ def load_mulan(root: str | os.PathLike, name: str, split: str = "train", num_lab
     return x, y, data.feature_names, data.label_names
 
 
-def load_mulan_splits(root: str | os.PathLike, name: str, num_labels: int | None = None,
-                      test_fraction: float = 0.3, seed: int = 0) -> MulanData:
-    """Both splits of a Mulan dataset (see ``load_mulan``), each file parsed once."""
-    paths = mulan_paths(root, name)
+def load_mulan_splits(name: str, root: str | os.PathLike | None = None, url: str | None = None,
+                      max_labels: int | None = None, label_attributes: int | None = None,
+                      test_fraction: float = 0.3, seed: int = 0, progress: bool = True) -> MulanData:
+    """Both splits of a Mulan dataset (arguments as ``load_mulan``), each file parsed once."""
+    paths = _resolve_paths(name, root, url, progress)
     train_path = _train_path(paths, root, name)
-    label_names = read_mulan_labels(paths["xml"]) if os.path.isfile(paths["xml"]) else None
-    if label_names is None and num_labels is None:
-        raise ValueError(f"no Mulan label file {os.path.abspath(paths['xml'])}: pass num_labels=L to "
-                         f"take the last L attributes of the ARFF file as the labels")
-    if label_names is not None and num_labels is not None and num_labels != len(label_names):
-        raise ValueError(f"num_labels={num_labels} disagrees with the {len(label_names)} labels "
-                         f"listed in {paths['xml']}")
-    x_tr, y_tr, feats, labels = arff_to_multilabel(load_arff(train_path), label_names, num_labels)
-    if os.path.isfile(paths["test"]):
-        x_te, y_te, feats_te, labels_te = arff_to_multilabel(load_arff(paths["test"]), label_names,
-                                                             num_labels)
+    xml = paths.get("xml")
+    label_names = read_mulan_labels(xml) if xml and os.path.isfile(xml) else None
+    if label_names is None and label_attributes is None:
+        where = os.path.abspath(xml) if xml else f"{name}.xml (the Mulan catalog has none)"
+        raise ValueError(f"no Mulan label file {where}: pass label_attributes=L to take the last L attributes "
+                         f"of the ARFF file as the labels")
+    if label_names is not None and label_attributes is not None and label_attributes != len(label_names):
+        raise ValueError(f"label_attributes={label_attributes} disagrees with the {len(label_names)} labels "
+                         f"listed in {xml}")
+    x_tr, y_tr, feats, labels = arff_to_multilabel(load_arff(train_path), label_names, label_attributes)
+    test = paths.get("test")
+    if test and os.path.isfile(test):
+        x_te, y_te, feats_te, labels_te = arff_to_multilabel(load_arff(test), label_names, label_attributes)
         if feats_te != feats or labels_te != labels:
-            raise ValueError(f"{paths['test']} and {train_path} declare different features or labels")
+            raise ValueError(f"{test} and {train_path} declare different features or labels")
         from_file = True
     else:
         train_idx, test_idx = _split_indices(len(x_tr), test_fraction, seed)
         x_tr, y_tr, x_te, y_te = x_tr[train_idx], y_tr[train_idx], x_tr[test_idx], y_tr[test_idx]
         from_file = False
+    if max_labels is not None:
+        keep = most_frequent_labels(y_tr, max_labels)
+        y_tr, y_te, labels = y_tr[:, keep], y_te[:, keep], [labels[j] for j in keep]
     return MulanData(torch.from_numpy(x_tr), torch.from_numpy(y_tr), torch.from_numpy(x_te),
                      torch.from_numpy(y_te), feats, labels, from_file)
 
 
-def arff_to_multilabel(data: ArffData, label_names: list[str] | None = None, num_labels: int | None = None
+def most_frequent_labels(y: np.ndarray, max_labels: int) -> list[int]:
+    """Indices of the ``max_labels`` most frequent labels of y [N, L] (ties: lower index), ascending."""
+    L = y.shape[1]
+    if isinstance(max_labels, bool) or not isinstance(max_labels, int) or not 1 <= max_labels <= L:
+        raise ValueError(f"max_labels must be None or an int in [1, {L}] (the dataset has {L} labels), "
+                         f"got {max_labels!r}")
+    by_frequency = np.argsort(-y.sum(0), kind="stable")
+    return sorted(int(j) for j in by_frequency[:max_labels])
+
+
+def arff_to_multilabel(data: ArffData, label_names: list[str] | None = None, label_attributes: int | None = None
                        ) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
     """Split parsed ARFF columns into features float32 [N, D] and binary labels int64 [N, L].
 
-    Labels: the attributes named in ``label_names``, else the last ``num_labels`` attributes.
+    Labels: the attributes named in ``label_names``, else the last ``label_attributes`` attributes.
     Returns (x, y, feature_names, label_names), labels in ARFF attribute order.
     """
     if data.num_rows == 0:
         raise ValueError(f"{data.path}: the ARFF file has no data rows")
-    label_cols = _label_columns(data, label_names, num_labels)
+    label_cols = _label_columns(data, label_names, label_attributes)
     y = np.stack([_label_column(data, j) for j in label_cols], 1).astype(np.int64)
     feature_cols, dropped = _feature_columns(data, set(label_cols))
     if dropped:
@@ -153,15 +184,37 @@ def arff_to_multilabel(data: ArffData, label_names: list[str] | None = None, num
 
 
 # ---------------------------------------------------------------------- helpers
-def _train_path(paths: dict[str, str], root: str | os.PathLike, name: str) -> str:
+def _resolve_paths(name: str, root: str | os.PathLike | None, url: str | None, progress: bool) -> dict[str, str]:
+    """File paths by role (``train`` / ``test`` / ``xml`` / ``full``): a local copy under ``root``, else the
+    verified cache (downloading what is missing)."""
+    if root is None:
+        directory = fetch_mulan(name, url=url, progress=progress)
+        return {role: os.fspath(directory / f.file) for role, f in mulan_files(name).items()}
+    root = os.path.expanduser(os.fspath(root))
+    paths = mulan_paths(root, name)
+    if not any(os.path.isfile(paths[k]) for k in ("train", "full")) and name in mulan_datasets():
+        try:  # the Mulan repository's own file names, e.g. <root>/tmc2007/tmc2007-500-train.arff
+            files = mulan_files(name)
+        except ValueError:
+            return paths
+        alt = {role: os.path.join(root, name, f.file) for role, f in files.items()}
+        if any(os.path.isfile(alt[k]) for k in ("train", "full") if k in alt):
+            return alt
+    return paths
+
+
+def _train_path(paths: dict[str, str], root: str | os.PathLike | None, name: str) -> str:
+    """The training (or single) ARFF file; FileNotFoundError with the expected layout if absent."""
     for key in ("train", "full"):
-        if os.path.isfile(paths[key]):
+        if key in paths and os.path.isfile(paths[key]):
             return paths[key]
+    missing = os.path.abspath(paths.get("train") or paths["full"])
+    by_name = " (or leave root unset to download it by name)" if name in mulan_datasets() else ""
     raise FileNotFoundError(
-        f"Mulan dataset {name!r} not found: {os.path.abspath(paths['train'])} does not exist. "
+        f"Mulan dataset {name!r} not found: {missing} does not exist. "
         f"Download it from {MULAN_URL} and unpack it as <root>/<name>/<name>-train.arff, "
-        f"<root>/<name>/<name>-test.arff, <root>/<name>/<name>.xml (here root={os.fspath(root)!r}, "
-        f"name={name!r}); a single <name>.arff without a test file is also accepted.")
+        f"<root>/<name>/<name>-test.arff, <root>/<name>/<name>.xml (here root={root!r}, "
+        f"name={name!r}); a single <name>.arff without a test file is also accepted{by_name}.")
 
 
 def _split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -174,7 +227,7 @@ def _split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray,
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
-def _label_columns(data: ArffData, label_names: list[str] | None, num_labels: int | None) -> list[int]:
+def _label_columns(data: ArffData, label_names: list[str] | None, label_attributes: int | None) -> list[int]:
     names = data.names
     if label_names is not None:
         missing = [n for n in label_names if n not in names]
@@ -183,10 +236,11 @@ def _label_columns(data: ArffData, label_names: list[str] | None, num_labels: in
                              f"of the ARFF file")
         wanted = set(label_names)
         return [j for j, n in enumerate(names) if n in wanted]
-    if isinstance(num_labels, bool) or not isinstance(num_labels, int) or not 1 <= num_labels < len(names):
-        raise ValueError(f"num_labels must be an int in [1, {len(names) - 1}] (the file has {len(names)} "
-                         f"attributes), got {num_labels!r}")
-    return list(range(len(names) - num_labels, len(names)))
+    L = label_attributes
+    if isinstance(L, bool) or not isinstance(L, int) or not 1 <= L < len(names):
+        raise ValueError(f"label_attributes must be an int in [1, {len(names) - 1}] (the file has {len(names)} "
+                         f"attributes), got {L!r}")
+    return list(range(len(names) - L, len(names)))
 
 
 def _label_column(data: ArffData, j: int) -> np.ndarray:

@@ -1,5 +1,6 @@
-"""Energies: nn.Modules mapping inputs to Potentials."""
+"""Energies: nn.Modules mapping inputs to Potentials (one base: ``energies/base.py``)."""
 
-from .linear import Energy, FinleyJoachimsEnergy, LinearTableEnergy
+from .base import Energy
+from .linear import FinleyJoachimsEnergy, LinearTableEnergy
 
 __all__ = ["Energy", "FinleyJoachimsEnergy", "LinearTableEnergy"]

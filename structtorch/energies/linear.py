@@ -1,33 +1,60 @@
-"""Linear energies x -> Potentials for multilabel prediction."""
+"""Linear energies x -> Potentials for multilabel prediction.
+
+Both energies are linear in their parameters (no constant offset), so score(x, y) =
+<pot(x; theta), m(y)> is linear in theta: what the dual solvers in ``structtorch.solvers`` rely on.
+With ``num_models=M`` every parameter gets a leading model dim [M] (a regularisation grid or CV
+folds trained as one batched model) and the potentials come out [M, B, ...].
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
 
 from ..graph import Graph
 from ..potentials import Potentials
+from .base import Energy
 
-__all__ = ["Energy", "FinleyJoachimsEnergy", "LinearTableEnergy"]
-
-
-class Energy(nn.Module):
-    """Base class: maps inputs x [B, D] to ``Potentials`` on ``self.graph``.
-
-    Subclasses implement ``forward(x) -> Potentials`` and may override ``pairwise_weights`` (the
-    per-edge weights a structure regulariser acts on) and ``set_graph`` (learners that change
-    the edge set).
-    """
-
-    graph: Graph
-
-    def pairwise_weights(self) -> torch.Tensor | None:
-        """Scalar weight per edge [E] for structure regularisers, or None."""
-        return None
+__all__ = ["BatchedLinear", "FinleyJoachimsEnergy", "LinearTableEnergy"]
 
 
 def _as_graph(graph: Graph | None, num_labels: int) -> Graph:
     return Graph.empty(num_labels) if graph is None else graph
+
+
+def _check_num_models(num_models: int | None) -> None:
+    if num_models is not None and (isinstance(num_models, bool) or not isinstance(num_models, int)
+                                   or num_models < 1):
+        raise ValueError(f"num_models must be None or a positive int, got {num_models!r}")
+
+
+class BatchedLinear(nn.Module):
+    """M independent linear maps applied to shared inputs: x [B, D] -> [M, B, out].
+
+    weight [M, out, D], bias [M, out] (None without bias). ``init="zeros"`` or ``"uniform"``
+    (nn.Linear's default distribution, U(-1/sqrt(D), 1/sqrt(D)), drawn per model).
+    """
+
+    def __init__(self, num_models: int, in_features: int, out_features: int, bias: bool = True,
+                 init: str = "zeros") -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_models, out_features, in_features))
+        self.bias = nn.Parameter(torch.zeros(num_models, out_features)) if bias else None
+        if init == "uniform":
+            bound = 1.0 / math.sqrt(in_features) if in_features else 0.0
+            for p in self.parameters():
+                nn.init.uniform_(p, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.einsum("mod,bd->mbo", self.weight, x)
+        return out if self.bias is None else out + self.bias[:, None]
+
+
+def _feature_gram(x: torch.Tensor, bias_scale: float | None) -> torch.Tensor:
+    """x_b . x_c (+ bias_scale) [B, B]: the Gram of a linear layer's per-example inputs (bias included)."""
+    return x @ x.T + (bias_scale if bias_scale is not None else 0.0)
 
 
 class FinleyJoachimsEnergy(Energy):
@@ -35,31 +62,57 @@ class FinleyJoachimsEnergy(Energy):
     + sum_(ij in E) w_ij y_i y_j, y in {0, 1}^n.
 
     Potentials: unary [B, n, 2] (state 0 scores 0), pairwise [E, 2, 2] (only [1, 1] non-zero,
-    shared across the batch).
+    shared across the batch). With ``num_models=M``: parameters unary.weight [M, n, D],
+    unary.bias [M, n], edge_weight [M, E]; unary [M, B, n, 2], pairwise [M, 1, E, 2, 2].
     """
 
-    def __init__(self, num_features: int, num_labels: int, graph: Graph | None = None, bias: bool = True) -> None:
+    def __init__(self, num_features: int, num_labels: int, graph: Graph | None = None, bias: bool = True,
+                 num_models: int | None = None) -> None:
         super().__init__()
+        _check_num_models(num_models)
         self.graph = _as_graph(graph, num_labels)
         if self.graph.num_nodes != num_labels or self.graph.is_ensemble:
             raise ValueError(f"graph must be a single graph on num_labels={num_labels} nodes, got {self.graph}")
-        self.unary = nn.Linear(num_features, num_labels, bias=bias)
-        nn.init.zeros_(self.unary.weight)
-        if bias:
-            nn.init.zeros_(self.unary.bias)
-        self.edge_weight = nn.Parameter(torch.zeros(self.graph.num_edges))
+        self.num_models = num_models
+        if num_models is None:
+            self.unary = nn.Linear(num_features, num_labels, bias=bias)
+            nn.init.zeros_(self.unary.weight)
+            if bias:
+                nn.init.zeros_(self.unary.bias)
+            self.edge_weight = nn.Parameter(torch.zeros(self.graph.num_edges))
+        else:
+            self.unary = BatchedLinear(num_models, num_features, num_labels, bias=bias)
+            self.edge_weight = nn.Parameter(torch.zeros(num_models, self.graph.num_edges))
 
     def forward(self, x: torch.Tensor) -> Potentials:
-        s1 = self.unary(x)  # [B, n]
+        s1 = self.unary(x)  # [(M,) B, n]
         unary = torch.stack([torch.zeros_like(s1), s1], -1)
-        pair = self.edge_weight.new_zeros(self.graph.num_edges, 2, 2)
-        pair = pair.index_put((torch.arange(self.graph.num_edges, device=pair.device),
-                               torch.ones((), dtype=torch.long, device=pair.device),
-                               torch.ones((), dtype=torch.long, device=pair.device)), self.edge_weight)
+        w = self.edge_weight  # [(M,) E]: the [1, 1] entry of each edge table, the rest 0
+        pair = torch.cat([w.new_zeros(*w.shape, 3), w.unsqueeze(-1)], -1).view(*w.shape, 2, 2)
+        if self.num_models is not None:
+            pair = pair.unsqueeze(1)
         return Potentials(unary, pair, self.graph)
 
     def pairwise_weights(self) -> torch.Tensor:
         return self.edge_weight
+
+    def restrict(self, mask: torch.Tensor) -> None:
+        """Keep the edges where ``mask`` [E] is True, with their weights."""
+        self.graph, mask = self._restricted_graph(mask)
+        self.edge_weight = nn.Parameter(self.edge_weight.detach()[..., mask.to(self.edge_weight.device)].clone())
+
+    def block_gram(self, x: torch.Tensor, d_unary: torch.Tensor, d_pair: torch.Tensor, bias_scale: float
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gram matrices of the per-example gradients of <pot(x_b), d_b>, split by node and edge.
+
+        x [B, D]; d_unary [(M,) B, n, 2], d_pair [(M,) B, E, 2, 2]. Returns node parts [(M,) n, B, B] and
+        edge parts [(M,) E, B, B]: the inner product of the gradients (w.r.t. the parameters, bias
+        coordinates weighted by ``bias_scale``) of <pot(x_b), d_b> and <pot(x_c), d_c>, both restricted
+        to a node/edge subset, is the sum of its parts (each node and edge owns disjoint parameters).
+        """
+        feat = _feature_gram(x, bias_scale if self.unary.bias is not None else None)
+        du, dp = d_unary[..., 1].transpose(-1, -2), d_pair[..., 1, 1].transpose(-1, -2)  # [(M,) n, B], [(M,) E, B]
+        return du[..., :, None] * du[..., None, :] * feat, dp[..., :, None] * dp[..., None, :]
 
 
 class LinearTableEnergy(Energy):
@@ -67,25 +120,69 @@ class LinearTableEnergy(Energy):
     per edge, either constant or input-dependent (pairwise_e(x)[a, b] = V_eab^T x + c_eab).
 
     Potentials: unary [B, n, K], pairwise [E, K, K] (constant) or [B, E, K, K] (input-dependent).
+    With ``num_models=M``: every parameter gets a leading [M] dim; unary [M, B, n, K], pairwise
+    [M, 1, E, K, K] (constant) or [M, B, E, K, K] (input-dependent).
     """
 
     def __init__(self, num_features: int, num_labels: int, num_states: int = 2, graph: Graph | None = None,
-                 input_dependent_pairwise: bool = False) -> None:
+                 input_dependent_pairwise: bool = False, num_models: int | None = None) -> None:
         super().__init__()
+        _check_num_models(num_models)
         self.graph = _as_graph(graph, num_labels)
         self.num_states = num_states
-        self.unary = nn.Linear(num_features, num_labels * num_states)
+        self.num_models = num_models
         E = self.graph.num_edges
         self.input_dependent_pairwise = input_dependent_pairwise
-        if input_dependent_pairwise:
-            self.pairwise = nn.Linear(num_features, E * num_states ** 2)
-            nn.init.zeros_(self.pairwise.weight)
-            nn.init.zeros_(self.pairwise.bias)
+        if num_models is None:
+            self.unary = nn.Linear(num_features, num_labels * num_states)
         else:
-            self.table = nn.Parameter(torch.zeros(E, num_states, num_states))
+            self.unary = BatchedLinear(num_models, num_features, num_labels * num_states, init="uniform")
+        if input_dependent_pairwise:
+            if num_models is None:
+                self.pairwise = nn.Linear(num_features, E * num_states ** 2)
+                nn.init.zeros_(self.pairwise.weight)
+                nn.init.zeros_(self.pairwise.bias)
+            else:
+                self.pairwise = BatchedLinear(num_models, num_features, E * num_states ** 2)
+        else:
+            lead = () if num_models is None else (num_models,)
+            self.table = nn.Parameter(torch.zeros(*lead, E, num_states, num_states))
 
     def forward(self, x: torch.Tensor) -> Potentials:
         K, n, E = self.num_states, self.graph.num_nodes, self.graph.num_edges
-        unary = self.unary(x).view(*x.shape[:-1], n, K)
-        pair = self.pairwise(x).view(*x.shape[:-1], E, K, K) if self.input_dependent_pairwise else self.table
+        u = self.unary(x)
+        unary = u.view(*u.shape[:-1], n, K)
+        if self.input_dependent_pairwise:
+            p = self.pairwise(x)
+            pair = p.view(*p.shape[:-1], E, K, K)
+        else:
+            pair = self.table if self.num_models is None else self.table.unsqueeze(1)
         return Potentials(unary, pair, self.graph)
+
+    def restrict(self, mask: torch.Tensor) -> None:
+        """Keep the edges where ``mask`` [E] is True, with their tables (or their input-dependent rows)."""
+        self.graph, mask = self._restricted_graph(mask)
+        if not self.input_dependent_pairwise:
+            self.table = nn.Parameter(self.table.detach()[..., mask.to(self.table.device), :, :].clone())
+            return
+        old = self.pairwise
+        rows = mask.to(old.weight.device).repeat_interleave(self.num_states ** 2)
+        D = old.weight.shape[-1]
+        if self.num_models is None:
+            self.pairwise = nn.Linear(D, int(rows.sum()))
+        else:
+            self.pairwise = BatchedLinear(self.num_models, D, int(rows.sum()))
+        self.pairwise.to(old.weight)
+        with torch.no_grad():
+            self.pairwise.weight.copy_(old.weight[..., rows, :])
+            self.pairwise.bias.copy_(old.bias[..., rows])
+
+    def block_gram(self, x: torch.Tensor, d_unary: torch.Tensor, d_pair: torch.Tensor, bias_scale: float
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-node [(M,) n, B, B] and per-edge [(M,) E, B, B] Gram parts of the per-example gradients of
+        <pot(x_b), d_b> (see ``FinleyJoachimsEnergy.block_gram``); d_unary [(M,) B, n, K], d_pair
+        [(M,) B, E, K, K]."""
+        feat = _feature_gram(x, bias_scale)
+        nodes = torch.einsum("...bna,...cna->...nbc", d_unary, d_unary) * feat
+        pair = torch.einsum("...beij,...ceij->...ebc", d_pair, d_pair)
+        return nodes, pair * feat if self.input_dependent_pairwise else pair

@@ -22,6 +22,8 @@ def all_assignments(n: int, K: int, device: torch.device | str = "cpu") -> torch
 
 def _all_scores(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores [*B, K**n] ([*B, T, K**n] for ensembles) of every assignment [K**n, n]."""
+    if not isinstance(pot, Potentials):
+        raise TypeError(f"brute force inference expects a structtorch.Potentials, got {type(pot).__name__}")
     ys = all_assignments(pot.graph.num_nodes, pot.num_states, pot.device)
     batch = pot.batch_shape
     y = ys.view(-1, *([1] * len(batch)), ys.shape[-1])  # [A, 1.., n] broadcasts against *B

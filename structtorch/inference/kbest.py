@@ -10,6 +10,10 @@ Excluding one assignment y_hat (RTA's worst-violator search) happens inside the 
 message carries, next to its k best entries, one *special* entry, the restriction of y_hat
 to the sender's subtree; the combination of two special entries at a node in state y_hat_v
 is y_hat's restriction again and is kept out of the regular list.
+
+Rows are gathered with ``index_select`` and written with ``index_copy_`` rather than advanced
+indexing, which opens an OpenMP parallel region from 3000 elements (see ``tree.py``: such
+regions cost milliseconds on a busy machine with more than one torch thread).
 """
 
 from __future__ import annotations
@@ -137,12 +141,12 @@ def _augment(pot: Potentials, sched: _KBestSchedule, exclude: torch.Tensor | Non
     u_aug = torch.cat([u, root_u, u.new_zeros(M - N - G, B, K)])
     identity = torch.full((K, K), _NEG, dtype=u.dtype, device=u.device).fill_diagonal_(0.0)
     table = torch.cat([p, p.transpose(-1, -2), identity.expand(1, B, K, K), u.new_zeros(1, B, K, K)])
-    p_aug = table[sched.edge_code.clamp(min=0)]
+    p_aug = table.index_select(0, sched.edge_code.clamp(min=0))
     if exclude is None:
         return u_aug, p_aug, None
     y = _exclude_rows(pot, exclude).T  # [n, B]
     y = y.repeat(N // y.shape[0], 1)  # every graph of an ensemble excludes the same assignment
-    y_aug = torch.where((sched.origin >= 0)[:, None], y[sched.origin.clamp(min=0)], 0)
+    y_aug = torch.where((sched.origin >= 0)[:, None], y.index_select(0, sched.origin.clamp(min=0)), 0)
     return u_aug, p_aug, y_aug
 
 
@@ -173,24 +177,27 @@ def _kbest_program(u: torch.Tensor, p: torch.Tensor, y_hat: torch.Tensor | None,
     arg_msg = torch.zeros_like(arg_pair)
     for level in sched.levels:
         v = level.node
-        m1, m2 = msgs[level.child[:, 0]], msgs[level.child[:, 1]]
+        m1, m2 = msgs.index_select(0, level.child[:, 0]), msgs.index_select(0, level.child[:, 1])
         cand = m1[..., :, None] + m2[..., None, :]  # [S, B, K, k1, k1]
+        uv = u.index_select(0, v)
         special = u.new_full(cand.shape[:2], _NEG)
         if y_hat is not None:
-            hat = y_hat[v]
-            special = (cand[..., k, k] + u[v]).gather(-1, hat[..., None]).squeeze(-1)  # score of y_hat's restriction
+            hat = y_hat.index_select(0, v)
+            special = (cand[..., k, k] + uv).gather(-1, hat[..., None]).squeeze(-1)  # score of y_hat's restriction
             is_hat = torch.nn.functional.one_hot(hat, K).bool()
             cand[..., k, k] = cand[..., k, k].masked_fill(is_hat, _NEG)  # y_hat itself is not a candidate
-        top, arg_pair[v] = cand.flatten(-2).topk(k, -1)
-        lists = top + u[v][..., None]  # [S, B, K, k]: best completions of the subtree given x_v
+        top, arg = cand.flatten(-2).topk(k, -1)
+        arg_pair.index_copy_(0, v, arg)
+        lists = top + uv[..., None]  # [S, B, K, k]: best completions of the subtree given x_v
         if level is sched.levels[-1]:  # super-roots: the final k best over (x_root, rank)
             scores, arg = lists.flatten(-2).topk(k, -1)
             return scores, _backtrack(sched, arg, arg_pair, arg_msg, y_hat, k)
-        pm = p[v]
-        reg, arg_msg[v] = (pm[..., :, :, None] + lists[..., None, :, :]).flatten(-2).topk(k, -1)  # eq. of Sec. 4.1
+        pm = p.index_select(0, v)
+        reg, arg = (pm[..., :, :, None] + lists[..., None, :, :]).flatten(-2).topk(k, -1)  # eq. of Sec. 4.1
+        arg_msg.index_copy_(0, v, arg)
         sp = pm.gather(-1, hat[..., None, None].expand(*hat.shape, K, 1)).squeeze(-1) + special[..., None] \
             if y_hat is not None else special[..., None].expand(-1, -1, K)
-        msgs[v] = torch.cat([reg, sp[..., None]], -1)
+        msgs.index_copy_(0, v, torch.cat([reg, sp[..., None]], -1))
     raise AssertionError("unreachable: the last level holds the super-roots")
 
 
@@ -204,17 +211,18 @@ def _backtrack(sched: _KBestSchedule, arg: torch.Tensor, arg_pair: torch.Tensor,
     k1 = k + 1
     x = torch.zeros(M, B, k, dtype=torch.long, device=arg.device)
     r = torch.zeros_like(x)
-    x[sched.roots], r[sched.roots] = arg // k, arg % k
+    x.index_copy_(0, sched.roots, arg // k)
+    r.index_copy_(0, sched.roots, arg % k)
     for level in reversed(sched.levels[:-1]):
         v, par = level.node, level.parent
-        xp, rp = x[par], r[par]
-        pair = _gather(arg_pair[par], xp * k + rp.clamp(max=k - 1))
+        xp, rp = x.index_select(0, par), r.index_select(0, par)
+        pair = _gather(arg_pair.index_select(0, par), xp * k + rp.clamp(max=k - 1))
         i = torch.where(level.slot[:, None, None] == 0, pair // k1, pair % k1)
-        flat = _gather(arg_msg[v], xp * k + i.clamp(max=k - 1))
+        flat = _gather(arg_msg.index_select(0, v), xp * k + i.clamp(max=k - 1))
         special = (rp == k) | (i == k)
-        hat = y_hat[v][..., None].expand_as(flat) if y_hat is not None else torch.zeros_like(flat)
-        x[v] = torch.where(special, hat, flat // k)
-        r[v] = torch.where(special, k, flat % k)
+        hat = y_hat.index_select(0, v)[..., None].expand_as(flat) if y_hat is not None else torch.zeros_like(flat)
+        x.index_copy_(0, v, torch.where(special, hat, flat // k))
+        r.index_copy_(0, v, torch.where(special, k, flat % k))
     return x
 
 
@@ -260,6 +268,7 @@ def ensemble_map(pot: Potentials, k: int, k_max: int | None = None, exclude: tor
     """
     if not isinstance(pot, Potentials) or not pot.graph.is_ensemble:
         raise ValueError("ensemble_map needs Potentials on an ensemble graph (edges [T, n-1, 2])")
+    pot.graph.require_spanning_trees("ensemble_map")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     k_max = k if k_max is None else k_max
@@ -277,10 +286,12 @@ def ensemble_map(pot: Potentials, k: int, k_max: int | None = None, exclude: tor
     k_used = torch.zeros(B, dtype=torch.long, device=u.device)
     todo = torch.arange(B, device=u.device)
     while True:
-        sub = Potentials(u[todo], p[todo], pot.graph)
-        y[todo], score[todo], certified[todo] = _ensemble_candidates(sub, k, None if ex is None else ex[todo])
-        k_used[todo] = k
-        todo = todo[~certified[todo]]
+        sub = Potentials(u.index_select(0, todo), p.index_select(0, todo), pot.graph)
+        found = _ensemble_candidates(sub, k, None if ex is None else ex.index_select(0, todo))
+        for out, value in zip((y, score, certified), found):
+            out.index_copy_(0, todo, value)
+        k_used.index_fill_(0, todo, k)
+        todo = todo[~certified.index_select(0, todo)]
         if len(todo) == 0 or k >= k_max:
             break
         k = min(2 * k, k_max)
@@ -295,7 +306,8 @@ def _ensemble_candidates(pot: Potentials, k: int, exclude: torch.Tensor | None
     cand = ys.reshape(B, T * k, n)
     per_tree = pot.score(cand.transpose(0, 1)).permute(1, 0, 2)  # [B, T*k, T]: every candidate on every tree
     padding = torch.isneginf(tree_scores.reshape(B, T * k))
-    best, idx = per_tree.mean(-1).masked_fill(padding, _NEG).max(-1)  # over the T*k candidates
+    mean = per_tree.mean(-1).masked_fill(padding, _NEG)
+    best, idx = mean.amax(-1), mean.argmax(-1)  # over the T*k candidates (max(dim) opens a parallel region)
     # Lemma 7: mean over trees of each tree's k-th best, re-scored like the candidates (same rounding)
     kth = per_tree[:, torch.arange(T) * k + k - 1, torch.arange(T)]  # [B, T]
     bound = kth.masked_fill(torch.isneginf(tree_scores[..., -1]), _NEG).mean(-1)

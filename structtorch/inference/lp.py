@@ -116,7 +116,7 @@ def lp_map(pot: Potentials) -> LPResult:
     B = math.prod(batch)
     unary, pair = pot.expanded()
     unary, pair = unary.reshape(B, n, K), pair.reshape(B, E, K, K)
-    theta = torch.cat([unary.detach().reshape(B, -1), pair.detach().reshape(B, -1)], 1)
+    theta = torch.cat([unary.detach().reshape(B, n * K), pair.detach().reshape(B, E * K * K)], 1)  # B may be 0
     theta = theta.to("cpu", torch.float64).numpy()
     A, b_eq = _constraints(g, K)
     values, mus = np.zeros(B), np.zeros_like(theta)

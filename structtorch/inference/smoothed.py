@@ -43,6 +43,7 @@ import torch
 
 from ..graph import Graph
 from ..potentials import Potentials
+from .tree import _exp, _index_add_rows, _log_ge1
 
 __all__ = ["SmoothedLPResult", "StarSchedule", "smoothed_lp", "star_schedule", "greedy_colouring"]
 
@@ -179,7 +180,7 @@ def _prune(unary: torch.Tensor, pair: torch.Tensor, edges: torch.Tensor
         return None
     e0, e1 = edges[:, 0], edges[:, 1]
     while True:
-        alive_p = alive_p0 & alive_u[:, e0, :, None] & alive_u[:, e1, None, :]
+        alive_p = alive_p0 & alive_u.index_select(1, e0)[:, :, :, None] & alive_u.index_select(1, e1)[:, :, None, :]
         unsupported = torch.stack([~alive_p.any(-1), ~alive_p.any(-2)], 2).flatten(1, 2)  # [B, 2E, K]
         dead = torch.zeros(alive_u.shape, dtype=torch.int32, device=unary.device)
         dead.index_add_(1, edges.reshape(-1), unsupported.to(torch.int32))
@@ -191,7 +192,9 @@ def _prune(unary: torch.Tensor, pair: torch.Tensor, edges: torch.Tensor
 
 # Internal layout is slot-major and batch-minor: messages [2E, K, B] (internal half-edge slots),
 # unary [n, K, B], pairwise [E, K, K, B]. Gathering a star's messages then copies contiguous
-# K * B blocks, and reductions over states are vectorised over the batch.
+# K * B blocks, and reductions over states are vectorised over the batch. As in tree.py, no op of
+# the sweeps opens an OpenMP parallel region for a small tensor (index_select, _index_add_rows,
+# _exp and _log_ge1 instead of advanced indexing, index_add and exp / log).
 def _lse(x: torch.Tensor, dim: int) -> torch.Tensor:
     """log-sum-exp over the state dim ``dim``, -inf safe (all -inf gives -inf, never NaN)."""
     if x.shape[dim] <= 4:  # a chain of fused binary ops is fastest for few states
@@ -201,12 +204,12 @@ def _lse(x: torch.Tensor, dim: int) -> torch.Tensor:
             out = torch.logaddexp(out, t)
         return out
     m = x.amax(dim, keepdim=True).clamp(min=torch.finfo(x.dtype).min)
-    return ((x - m).exp().sum(dim, keepdim=True).log() + m).squeeze(dim)
+    return (_log_ge1(_exp(x - m).sum(dim, keepdim=True)) + m).squeeze(dim)
 
 
 def _safe_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
     """softmax over ``dim``; all -inf slices give zeros, not NaN."""
-    return torch.nan_to_num((x - _lse(x, dim).unsqueeze(dim)).exp(), nan=0.0)
+    return torch.nan_to_num(_exp(x - _lse(x, dim).unsqueeze(dim)), nan=0.0)
 
 
 def _internal(unary: torch.Tensor, pair: torch.Tensor, masks: tuple | None, eps: float
@@ -221,20 +224,20 @@ def _internal(unary: torch.Tensor, pair: torch.Tensor, masks: tuple | None, eps:
 
 def _to_internal(lam: torch.Tensor, sched: StarSchedule) -> torch.Tensor:
     """Messages [B, 2E, K] (external half-edge order) -> [2E, K, B] (internal slots)."""
-    return lam[:, sched.order].permute(1, 2, 0).contiguous()
+    return lam.index_select(1, sched.order).permute(1, 2, 0).contiguous()
 
 
 def _to_external(lamT: torch.Tensor, sched: StarSchedule) -> torch.Tensor:
     """Messages [2E, K, B] (internal slots) -> [B, 2E, K] (external order)."""
-    return lamT[sched.pos].permute(2, 0, 1).contiguous()
+    return lamT.index_select(0, sched.pos).permute(2, 0, 1).contiguous()
 
 
 def _beliefs(uT: torch.Tensor, pT: torch.Tensor, lamT: torch.Tensor, sched: StarSchedule
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled beliefs b_i / eps [n, K, B] and b_e / eps [E, K, K, B] (eq. 9 before normalising)."""
     E, K, _, B = pT.shape
-    bn = uT.index_add(0, sched.slot_node, lamT)
-    lam = lamT[sched.pos].view(E, 2, K, B)
+    bn = _index_add_rows(uT.clone(), sched.slot_node, lamT)
+    lam = lamT.index_select(0, sched.pos).view(E, 2, K, B)
     return bn, pT - lam[:, 0, :, None, :] - lam[:, 1, None, :, :]
 
 
@@ -252,7 +255,7 @@ def _sweep(lamT: torch.Tensor, blocks: list, guard: bool) -> None:
         if uc.shape[0] == 1:  # one node in this colour (dense graphs)
             new = m - (uc + m.sum(0, keepdim=True)) * inv
         else:
-            T = uc.index_add(0, c.seg, m)  # [V, K, B]: T = theta_i + sum_e m_e
+            T = _index_add_rows(uc.clone(), c.seg, m)  # [V, K, B]: T = theta_i + sum_e m_e
             new = m - (T * inv).index_select(0, c.seg)  # eq. (10)
         if guard:  # pruned states: m = T = -inf; any finite message will do
             new = torch.where(torch.isfinite(m), new, 0.0)
@@ -264,8 +267,8 @@ def _solve(uT: torch.Tensor, pT: torch.Tensor, lamT: torch.Tensor, sched: StarSc
     """Run up to ``iters`` sweeps in place on lamT (scaled units); returns the sweeps run."""
     E, K, _, B = pT.shape
     # half-edge slot h: P[h, x_other, x_self, b] (reduced over dim 1)
-    ph = torch.stack([pT.transpose(1, 2), pT], 1).view(2 * E, K, K, B)[sched.order]
-    blocks = [(c, ph[c.start:c.stop], uT[c.nodes], c.inv_size.to(uT.dtype).view(-1, 1, 1))
+    ph = torch.stack([pT.transpose(1, 2), pT], 1).view(2 * E, K, K, B).index_select(0, sched.order)
+    blocks = [(c, ph[c.start:c.stop], uT.index_select(0, c.nodes), c.inv_size.to(uT.dtype).view(-1, 1, 1))
               for c in sched.colours]
     prev = _dual(uT, pT, lamT, sched) if tol is not None else None
     for it in range(iters):

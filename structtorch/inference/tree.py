@@ -13,6 +13,14 @@ kept, without an autograd graph of the loop.
 Internally every tensor is slot-major and batch-minor (unary [N, K, B], edge matrices
 [N, K, K, B]): the batch is the contiguous innermost dim, so the semiring products vectorise
 over examples and reductions over states are cheap outer-dim reductions.
+
+The loops run many small tensor ops, so none of them may open an OpenMP parallel region for a
+small tensor: with more than one torch thread on a busy machine, every such region waits for a
+descheduled worker (milliseconds). Hence rows are gathered with ``index_select`` and written
+with ``index_copy_`` (parallel only past torch's 32768-element grain, unlike advanced indexing),
+sums into rows go through ``_index_add_rows``, exp / log avoid MKL's threaded VML on CPU
+(``_exp``, ``_log_ge1``), and the max semiring reduces with ``amax`` (``max(dim)`` always opens a
+region) and recovers arguments only along the backtracked rows (``_first_argmax``).
 """
 
 from __future__ import annotations
@@ -26,20 +34,55 @@ from ..potentials import Potentials
 
 __all__ = ["tree_map", "tree_logz", "tree_marginals", "tree_sample"]
 
+_LOG2E = 1.4426950408889634
+
+
+# ---------------------------------------------------------------------- thread-count independent primitives
+def _exp(x: torch.Tensor) -> torch.Tensor:
+    """exp(x), elementwise. On CPU as exp2(x log2 e): torch's float exp calls MKL's VML, which opens
+    a parallel region for every call of >= 128 elements; the result differs by at most
+    |x| * 2**-24 relatively (below float32 rounding for the non-positive, max-shifted x used here)."""
+    return torch.exp2(x * _LOG2E) if x.device.type == "cpu" else x.exp()
+
+
+def _log_ge1(z: torch.Tensor) -> torch.Tensor:
+    """log(z) for z in {0} or [1, inf) (sums of max-shifted exps), as log1p(z - 1) on CPU: exact
+    (z - 1 is exact there) and without MKL's threaded VML log."""
+    return torch.log1p(z - 1) if z.device.type == "cpu" else z.log()
+
+
+def _index_add_rows(target: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """target[index[i]] += source[i] along dim 0, in place and in index order; returns target.
+
+    target [R, *S], index [I], source [I, *S]. ``index_add_`` on the first (or last) dim takes an
+    expanded-index scatter path that radix-sorts in parallel regions however small the tensors;
+    on a middle dim it adds row by row (a parallel region only for a row past torch's grain).
+    """
+    target[None, ..., None].index_add_(1, index, source[None, ..., None])
+    return target
+
+
+def _first_argmax(x: torch.Tensor) -> torch.Tensor:
+    """Index of the first maximum along dim 1 of x [S, K, B] -> [S, B] (as ``x.max(1)``: -inf rows
+    give 0). Reduced over a contiguous last dim: ``argmax`` over the strided state dim is very slow
+    for B > 1, and ``max(dim)`` opens a parallel region for any size."""
+    return x.transpose(1, 2).contiguous().argmax(-1)
 
 
 @dataclass
 class _Tape:
     """What the forward contraction kept of one step (S removed nodes; batch-minor).
 
-    (max, +): ``arg``, the maximising x_node: [S, K, B] per x_parent (rake), [S, K, K, B] per
-    (x_parent, x_child) (compress).
+    (max, +): what the maximising x_node is recomputed from along the backtracked rows: ``left``,
+    the scores a[x_parent, x_node] [S, K, K, B] that were maximised over x_node (rake), or
+    a[x_parent, x_node] + ``right``[x_node, x_child] [S, K, K, B] each (compress).
     (logsumexp, +): ``cond``, the removed node's conditional distribution: P(x_node | x_parent)
     [S, K, K, B] laid out (p, node) (rake), P(x_node | x_parent, x_child) [S, K, K, K, B] laid out
     (p, node, c) (compress); all zeros in a zero-probability context.
     """
 
-    arg: torch.Tensor | None = None
+    left: torch.Tensor | None = None
+    right: torch.Tensor | None = None
     cond: torch.Tensor | None = None
 
 
@@ -83,9 +126,8 @@ def _edge_matrices(pair: torch.Tensor, sched: Schedule) -> torch.Tensor:
     NE, K, _, B = pair.shape
     if NE == 0:
         return pair.new_zeros(sched.num_slots, K, K, B)
-    M = pair[sched.parent_edge.clamp(min=0)]
-    M[sched.flipped] = M[sched.flipped].transpose(1, 2)
-    return M
+    M = pair.index_select(0, sched.parent_edge.clamp(min=0))
+    return M.index_copy_(0, sched.flipped, M.index_select(0, sched.flipped).transpose(1, 2))
 
 
 def _out_shape(values: torch.Tensor, batch: torch.Size, ensemble: bool) -> torch.Tensor:
@@ -101,30 +143,33 @@ def _contract(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule, semiring
     unary [N, K, B], pair [NE, K, K, B] -> per-graph values [G, B], final unary [N, K, B], tape
     (empty tapes when ``keep`` is False: the value alone).
     """
-    reduce = _max_and_arg if semiring == "max" else _lse_and_cond if keep else _lse_only
     U = unary.clone(memory_format=torch.contiguous_format)
     M = _edge_matrices(pair, sched)
     tape = []
     for step in sched.steps:
-        a = M[step.node] + U[step.node].unsqueeze(1)  # (x_parent, x_node, b)
-        if step.kind == "rake":
-            msg, kept = reduce(a, 2)
-            U.index_add_(0, step.parent, msg)
+        a = M.index_select(0, step.node) + U.index_select(0, step.node).unsqueeze(1)  # (x_parent, x_node, b)
+        right = M.index_select(0, step.child) if step.kind == "compress" else None  # (x_node, x_child, b)
+        full = a if right is None else a[:, :, :, None] + right[:, None]  # compress: (p, node, c, b)
+        if semiring == "max":
+            out, t = full.amax(2), _Tape(left=a, right=right)
         else:
-            M[step.child], kept = reduce(a[:, :, :, None] + M[step.child][:, None], 2)  # (p, node, c, b)
-        tape.append(_Tape(arg=kept) if semiring == "max" else _Tape(cond=kept))
-    root_u = U[sched.roots]
-    per_root = root_u.amax(1) if semiring == "max" else root_u.logsumexp(1)  # [R, B]
-    values = per_root.new_zeros(sched.num_groups, U.shape[2]).index_add_(0, sched.root_group, per_root)
+            out, cond = _lse_and_cond(full, 2) if keep else (_lse(full, 2), None)
+            t = _Tape(cond=cond)
+        if step.kind == "rake":
+            _index_add_rows(U, step.parent, out)
+        else:
+            M.index_copy_(0, step.child, out)
+        tape.append(t)
+    root_u = U.index_select(0, sched.roots)
+    per_root = root_u.amax(1) if semiring == "max" else _lse(root_u, 1)  # [R, B]
+    values = _index_add_rows(per_root.new_zeros(sched.num_groups, U.shape[2]), sched.root_group, per_root)
     return values, U, tape
 
 
-def _max_and_arg(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return x.max(dim)
-
-
-def _lse_only(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, None]:
-    return x.logsumexp(dim), None
+def _lse(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """log-sum-exp over ``dim`` (all -inf slices give -inf)."""
+    m = x.amax(dim, keepdim=True).clamp_min(torch.finfo(x.dtype).min)
+    return (_log_ge1(_exp(x - m).sum(dim, keepdim=True)) + m).squeeze(dim)
 
 
 def _lse_and_cond(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,22 +178,27 @@ def _lse_and_cond(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor
     All -inf slices give -inf and an all-zero conditional (never NaN).
     """
     m = x.amax(dim, keepdim=True).clamp_min(torch.finfo(x.dtype).min)
-    e = (x - m).exp()
+    e = _exp(x - m)
     z = e.sum(dim, keepdim=True)  # in {0} or [1, K]: the max contributes exp(0)
-    return (z.log() + m).squeeze(dim), e / z.clamp_min(1.0)
+    return (_log_ge1(z) + m).squeeze(dim), e / z.clamp_min(1.0)
 
 
 # ---------------------------------------------------------------------- backward passes
 def _argmax_backtrack(U: torch.Tensor, tape: list[_Tape], sched: Schedule) -> torch.Tensor:
-    """MAP assignment y [N, B] from the argmax tables of a max-semiring contraction."""
+    """MAP assignment y [N, B] of a max-semiring contraction: each removed node's first maximiser
+    given its parent's (and, compressed, its child's) state, from the same sums the forward took
+    the max of."""
     N, K, B = U.shape
     y = torch.zeros(N, B, dtype=torch.long, device=U.device)
-    y[sched.roots] = U[sched.roots].argmax(1)
+    y.index_copy_(0, sched.roots, _first_argmax(U.index_select(0, sched.roots)))
     for step, t in zip(reversed(sched.steps), reversed(tape)):
-        idx = y[step.parent]
+        S = len(step.node)
+        yp = y.index_select(0, step.parent)[:, None, None]  # [S, 1, 1, B]
+        rows = t.left.gather(1, yp.expand(S, 1, K, B)).squeeze(1)  # left[s, y_parent, x_node, b]
         if step.kind == "compress":
-            idx = idx * K + y[step.child]
-        y[step.node] = t.arg.flatten(1, -2).gather(1, idx.unsqueeze(1)).squeeze(1)
+            yc = y.index_select(0, step.child)[:, None, None]
+            rows = rows + t.right.gather(2, yc.expand(S, K, 1, B)).squeeze(2)  # + right[s, x_node, y_child, b]
+        y.index_copy_(0, step.node, _first_argmax(rows))
     return y
 
 
@@ -172,15 +222,16 @@ def _sample_backtrack(U: torch.Tensor, tape: list[_Tape], sched: Schedule, num_s
     a raked node given its parent, a compressed node given its parent and child."""
     N, K, B = U.shape
     y = torch.zeros(N, num_samples, B, dtype=torch.long, device=U.device)
-    root_p = _lse_and_cond(U[sched.roots], 1)[1].transpose(1, 2)  # [R, B, K]
-    y[sched.roots] = _sample_categorical(root_p.unsqueeze(1).expand(-1, num_samples, B, K), generator)
+    root_p = _lse_and_cond(U.index_select(0, sched.roots), 1)[1].transpose(1, 2)  # [R, B, K]
+    y.index_copy_(0, sched.roots, _sample_categorical(root_p.unsqueeze(1).expand(-1, num_samples, B, K), generator))
     for step, t in zip(reversed(sched.steps), reversed(tape)):
+        yp = y.index_select(0, step.parent)
         if step.kind == "rake":  # rows indexed by x_parent
-            probs = _row(t.cond.permute(0, 3, 1, 2), y[step.parent])
+            probs = _row(t.cond.permute(0, 3, 1, 2), yp)
         else:  # rows indexed by (x_parent, x_child)
             rows = t.cond.permute(0, 4, 1, 3, 2).reshape(-1, B, K * K, K)
-            probs = _row(rows, y[step.parent] * K + y[step.child])
-        y[step.node] = _sample_categorical(probs, generator)
+            probs = _row(rows, yp * K + y.index_select(0, step.child))
+        y.index_copy_(0, step.node, _sample_categorical(probs, generator))
     return y
 
 
@@ -194,18 +245,16 @@ def _marginals(U: torch.Tensor, tape: list[_Tape], sched: Schedule) -> tuple[tor
     N, K, B = U.shape
     mu = U.new_zeros(N, K, B)
     J = U.new_zeros(N, K, K, B)  # (x_parent, x_node, b)
-    mu[sched.roots] = _lse_and_cond(U[sched.roots], 1)[1]
+    mu.index_copy_(0, sched.roots, _lse_and_cond(U.index_select(0, sched.roots), 1)[1])
     for step, t in zip(reversed(sched.steps), reversed(tape)):
         if step.kind == "rake":
-            joint = mu[step.parent].unsqueeze(2) * t.cond
-            J[step.node] = joint
-            mu[step.node] = joint.sum(1)
-            continue
-        triple = J[step.child].unsqueeze(2) * t.cond  # (p, v, c, b)
-        joint = triple.sum(3)
-        J[step.node] = joint
-        J[step.child] = triple.sum(1)
-        mu[step.node] = joint.sum(1)
+            joint = mu.index_select(0, step.parent).unsqueeze(2) * t.cond
+        else:
+            triple = J.index_select(0, step.child).unsqueeze(2) * t.cond  # (p, v, c, b)
+            joint = triple.sum(3)
+            J.index_copy_(0, step.child, triple.sum(1))
+        J.index_copy_(0, step.node, joint)
+        mu.index_copy_(0, step.node, joint.sum(1))
     return mu, J
 
 
@@ -213,17 +262,16 @@ def _pair_from_joints(J: torch.Tensor, sched: Schedule, num_edge_slots: int) -> 
     """Per-slot joints [N, K, K, B] (x_parent, x_v) -> per-edge [NE, K, K, B] in stored orientation."""
     _, K, _, B = J.shape
     out = J.new_zeros(num_edge_slots, K, K, B)
-    out[sched.parent_edge[sched.children]] = J[sched.children]
+    out.index_copy_(0, sched.parent_edge[sched.children], J.index_select(0, sched.children))
     flipped = sched.parent_edge[sched.flipped]
-    out[flipped] = out[flipped].transpose(1, 2)
-    return out
+    return out.index_copy_(0, flipped, out.index_select(0, flipped).transpose(1, 2))
 
 
 def _one_hot(y: torch.Tensor, sched: Schedule, num_edge_slots: int, K: int, dtype: torch.dtype
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """One-hot of an assignment y [N, B]: unary [N, K, B], pairwise [NE, K, K, B]."""
     oh = torch.nn.functional.one_hot(y, K).to(dtype).transpose(1, 2)
-    J = oh[sched.parent.clamp(min=0)].unsqueeze(2) * oh.unsqueeze(1)  # (x_parent, x_node, b)
+    J = oh.index_select(0, sched.parent.clamp(min=0)).unsqueeze(2) * oh.unsqueeze(1)  # (x_parent, x_node, b)
     return oh, _pair_from_joints(J, sched, num_edge_slots)
 
 
@@ -325,6 +373,9 @@ def tree_sample(pot: Potentials, num_samples: int, generator: torch.Generator | 
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
     u, p, sched, batch = _flat(pot, "tree_sample")
+    if batch.numel() == 0:  # an empty batch has empty samples
+        return torch.zeros(num_samples, *_lead(batch, pot.graph), pot.graph.num_nodes, dtype=torch.long,
+                           device=pot.device)
     with torch.no_grad():
         values, U, tape = _contract(u, p, sched, "sum")
         if torch.isinf(values).any():

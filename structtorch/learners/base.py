@@ -4,20 +4,29 @@ A learner supplies an energy (``build_energy``); the base class brings the loss 
 hinge with Hamming margin rescaling, or CRF likelihood), the training inference (the
 loss-augmented max), the test inference (prediction), l2 regularisation, optimizers,
 metrics and logging.
+
+Structure belongs to the learner: a learner that chooses its label graph from the training data
+builds its energy on a candidate graph and overrides ``build_structure(x, y) -> mask``; the base
+class calls it once before training (``setup("fit")``), keeps the mask in the checkpoint
+(``structure_mask`` buffer) and restricts the energy to it (``Energy.restrict``), also when a
+checkpoint is loaded. ``train.py`` knows no learner by name.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 import torch
 
 from ..energies import Energy
+from ..graph import Graph
 from ..inference import tree_map
 from ..losses import crf_nll, map_value, structured_hinge
-from ..metrics import multilabel_metrics
+from ..metrics import PerLabelCounts, multilabel_metrics
+from ..plots import close_figure, per_label_figure, structure_figure
 from ..potentials import Potentials
 
 __all__ = ["StructuredLearner", "TRAIN_INFERENCE", "TEST_INFERENCE"]
@@ -39,6 +48,7 @@ class StructuredLearner(L.LightningModule):
         l2: lambda of the lambda/2 ||w||^2 regulariser (added to the mean loss).
         optimizer: "adam", "adamw" or "sgd"; lr; lr_schedule "cosine" or "none".
         margin_scale: weight of the Hamming term in the hinge.
+        label_names: names of the n labels (pictures, metrics.json); default "y0", "y1", ...
     """
 
     def __init__(
@@ -54,14 +64,19 @@ class StructuredLearner(L.LightningModule):
         lr: float = 0.01,
         lr_schedule: str = "cosine",
         margin_scale: float = 1.0,
+        label_names: list[str] | None = None,
     ) -> None:
         super().__init__()
         if loss not in ("hinge", "crf"):
             raise ValueError(f"loss must be 'hinge' or 'crf', got {loss!r}")
         if optimizer not in ("adam", "adamw", "sgd"):
             raise ValueError(f"optimizer must be 'adam', 'adamw' or 'sgd', got {optimizer!r}")
+        if label_names is not None and len(label_names) != num_labels:
+            raise ValueError(f"label_names must name the {num_labels} labels, got {len(label_names)} names")
         self.save_hyperparameters(ignore=["energy"])
         self.energy = energy if energy is not None else self.build_energy()
+        self.register_buffer("structure_mask", torch.zeros(0, dtype=torch.bool))  # [E candidate] once learned
+        self.per_label = PerLabelCounts(num_labels)
         self._train_max = _lookup(train_inference, TRAIN_INFERENCE, "train_inference")
         self._predict = _lookup(test_inference, TEST_INFERENCE, "test_inference")
         self.val_metrics = multilabel_metrics("val/", num_labels)
@@ -71,6 +86,11 @@ class StructuredLearner(L.LightningModule):
     def build_energy(self) -> Energy:
         """The energy of this learner (subclasses override, or pass ``energy=``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement build_energy() or be given energy=")
+
+    def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        """The edges to keep, bool [E] over ``self.energy.graph`` (the candidate graph), chosen from the
+        training set x [N, D], y [N, n]; None (default) keeps the energy's graph as built."""
+        return None
 
     def loss(self, pot: Potentials, y: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
         """Per-example training loss [B]; ``index`` [B] identifies the training examples (warm starts)."""
@@ -83,6 +103,76 @@ class StructuredLearner(L.LightningModule):
         sq = sum((p.pow(2).sum() for n, p in self.energy.named_parameters() if not n.endswith("bias")),
                  torch.zeros((), device=self.device))
         return 0.5 * self.hparams.l2 * sq
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def label_names(self) -> list[str]:
+        return list(self.hparams.label_names or [f"y{i}" for i in range(self.hparams.num_labels)])
+
+    @property
+    def graph(self) -> Graph:
+        """The label graph the learner predicts on."""
+        return self.energy.graph
+
+    def set_structure(self, mask: torch.Tensor) -> None:
+        """Restrict the energy to the edges where ``mask`` [E] (bool, over the candidate graph) is True and
+        keep the mask (checkpointed). Call before the optimizer exists."""
+        mask = torch.as_tensor(mask, dtype=torch.bool).detach().cpu()
+        self.energy.restrict(mask)
+        self.structure_mask = mask.to(self.structure_mask.device)
+
+    def structure_weights(self) -> torch.Tensor | None:
+        """Weight per edge of ``self.graph`` [E] shown in structure pictures (the energy's pairwise weights)."""
+        w = self.energy.pairwise_weights()
+        return None if w is None else w.detach().float().cpu()
+
+    def structure_summary(self) -> dict[str, Any]:
+        """The learned structure by label name, for metrics.json: ``{"edges": [[a, b, weight], ...], ...}``."""
+        names, w = self.label_names, self.structure_weights()
+        edges = self.graph.edges.reshape(-1, 2).tolist()
+        weights = [None] * len(edges) if w is None else w.reshape(-1).tolist()
+        return {"num_edges": len(edges), "is_forest": bool(self.graph.is_forest),
+                "edges": [[names[a], names[b], None if v is None else round(v, 6)]
+                          for (a, b), v in zip(edges, weights)]}
+
+    def structure_figure(self):
+        """A matplotlib Figure of the learned label structure (labels by name, edges weighted)."""
+        return structure_figure(self.graph, self.structure_weights(), self.label_names,
+                                title=f"{type(self).__name__}: {self.graph.num_edges} edges "
+                                      f"(width = |weight|, red > 0, blue < 0)")
+
+    def per_label_figure(self):
+        """A matplotlib Figure of the last test run's per-label accuracy and F1."""
+        return per_label_figure(self.test_per_label, self.label_names, f"{type(self).__name__}: per-label test")
+
+    def _log_figure(self, tag: str, fig) -> None:
+        """Add ``fig`` to TensorBoard (when that is the logger) and close it."""
+        if isinstance(self.logger, L.pytorch.loggers.TensorBoardLogger) and self.trainer.is_global_zero:
+            self.logger.experiment.add_figure(tag, fig, self.global_step)
+        close_figure(fig)
+
+    def setup(self, stage: str) -> None:
+        """Before fitting: learn the structure from the training set (once; a loaded checkpoint keeps its own)."""
+        if stage != "fit" or self.structure_mask.numel():
+            return
+        x, y = _training_tensors(self.trainer)
+        mask = self.build_structure(x, y)
+        if mask is not None:
+            self.set_structure(mask)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["structtorch"] = {"learner": type(self).__name__}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Re-apply the checkpoint's structure before its weights are loaded (shapes must match)."""
+        saved = checkpoint.get("state_dict", {}).get("structure_mask")
+        if saved is None or not saved.numel():
+            return
+        if self.structure_mask.numel():
+            if torch.equal(saved.cpu(), self.structure_mask.cpu()):
+                return
+            self.energy = self.build_energy().to(self.device)  # a structure from data was set: start over
+        self.set_structure(saved)
 
     # ------------------------------------------------------------------ prediction
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -99,16 +189,32 @@ class StructuredLearner(L.LightningModule):
         self.log("train/objective", total, on_step=False, on_epoch=True, batch_size=len(x), sync_dist=True)
         return total
 
-    def _evaluate(self, batch: tuple[torch.Tensor, ...], metrics) -> None:
+    def _evaluate(self, batch: tuple[torch.Tensor, ...], metrics) -> torch.Tensor:
         x, y = batch[0], batch[1]
-        metrics.update(self(x), y)
+        y_hat = self(x)
+        metrics.update(y_hat, y)
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(x))
+        return y_hat
 
     def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
         self._evaluate(batch, self.val_metrics)
 
+    def on_validation_epoch_end(self) -> None:
+        if "val/hamming_acc" in self.trainer.callback_metrics and not self.trainer.sanity_checking:
+            self.log("hp_metric", self.trainer.callback_metrics["val/hamming_acc"])
+
     def test_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
-        self._evaluate(batch, self.test_metrics)
+        self.per_label.update(self._evaluate(batch, self.test_metrics), batch[1])
+
+    def on_test_epoch_start(self) -> None:
+        self.per_label.reset()
+
+    def on_test_epoch_end(self) -> None:
+        self.test_per_label = {k: v.cpu() for k, v in self.per_label.compute().items()}
+        self._log_figure("test/per_label", self.per_label_figure())
+
+    def on_train_end(self) -> None:
+        self._log_figure("structure", self.structure_figure())
 
     def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
@@ -126,6 +232,21 @@ class StructuredLearner(L.LightningModule):
 
     def _cosine(self, epoch: int) -> float:
         return 0.5 * (1.0 + math.cos(math.pi * min(epoch, self.trainer.max_epochs) / max(1, self.trainer.max_epochs)))
+
+
+def _training_tensors(trainer: L.Trainer | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole training set (x [N, D], y [N, n]) of the trainer's datamodule (or its train loader)."""
+    dm = getattr(trainer, "datamodule", None)
+    if dm is not None and hasattr(dm, "train_tensors"):
+        return dm.train_tensors
+    loader = getattr(trainer, "train_dataloader", None) if trainer is not None else None
+    if loader is None and dm is not None:
+        loader = dm.train_dataloader()
+    if loader is None:
+        raise RuntimeError("this learner learns its structure from the training data: fit it with a datamodule "
+                           "that has `train_tensors` or a train dataloader of (x, y[, index]) batches")
+    batches = list(loader)
+    return torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
 
 
 def _lookup(what: str | Callable, registry: dict[str, Callable], name: str) -> Callable:

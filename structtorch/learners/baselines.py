@@ -8,11 +8,13 @@ import torch
 from ..energies import FinleyJoachimsEnergy
 from ..graph import Graph
 from ..inference import lp_map, smoothed_lp
-from ..losses import hamming_augment
+from ..losses import check_loss_finite, hamming_augment
 from ..potentials import Potentials
+from ..state import ExampleState
+from ..structure.edge_scores import chow_liu_tree
 from .base import StructuredLearner
 
-__all__ = ["Independent", "FixedTree", "Full"]
+__all__ = ["Independent", "FixedTree", "Full", "edge_mask"]
 
 
 class Independent(StructuredLearner):
@@ -24,25 +26,54 @@ class Independent(StructuredLearner):
 
 
 class FixedTree(StructuredLearner):
-    """M3N (Finley-Joachims energy) on a fixed tree or forest over the labels.
+    """M3N (Finley-Joachims energy) on a tree or forest over the labels.
 
     Args:
-        edges: the tree as a list of label pairs [[i, j], ...] (kept in the hyper-parameters so a
-            checkpoint rebuilds the same model); ``train.py`` passes the Chow-Liu tree of the
-            training labels when ``model.tree=chow_liu``.
+        tree: how the tree is chosen from the training data when ``edges`` is None: "chow_liu" (max
+            spanning tree of the labels' mutual information), "chain", "star" or "empty". The energy
+            is built on the complete graph and restricted to the tree before training
+            (``build_structure``); the tree is kept in the checkpoint.
+        edges: an explicit tree as label pairs [[i, j], ...] (then ``tree`` is ignored).
         Other args as ``StructuredLearner``.
     """
 
-    def __init__(self, num_features: int, num_labels: int, edges: list[list[int]] | None = None, **kwargs) -> None:
-        self._edges = torch.as_tensor(edges if edges is not None else [], dtype=torch.long).reshape(-1, 2)
+    TREES = ("chow_liu", "chain", "star", "empty")
+
+    def __init__(self, num_features: int, num_labels: int, tree: str = "chow_liu",
+                 edges: list[list[int]] | None = None, **kwargs) -> None:
+        if edges is None and tree not in self.TREES:
+            raise ValueError(f"model.tree must be one of {self.TREES}, got {tree!r}")
+        self._edges = None if edges is None else torch.as_tensor(edges, dtype=torch.long).reshape(-1, 2)
         super().__init__(num_features, num_labels, **kwargs)
-        self.save_hyperparameters({"edges": self._edges.tolist()})
+        self.save_hyperparameters({"tree": tree, "edges": None if edges is None else self._edges.tolist()})
 
     def build_energy(self) -> FinleyJoachimsEnergy:
-        graph = Graph(self.hparams.num_labels, self._edges)
-        if not graph.is_forest:
+        n = self.hparams.num_labels
+        graph = Graph.complete(n) if self._edges is None else Graph(n, self._edges)
+        if not graph.is_forest and self._edges is not None:
             raise ValueError(f"FixedTree needs a tree or forest over the labels, got edges {self._edges.tolist()}")
-        return FinleyJoachimsEnergy(self.hparams.num_features, self.hparams.num_labels, graph)
+        return FinleyJoachimsEnergy(self.hparams.num_features, n, graph)
+
+    def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        if self._edges is not None:
+            return None
+        n = self.hparams.num_labels
+        trees = {"chow_liu": lambda: chow_liu_tree(y), "chain": lambda: Graph.chain(n),
+                 "star": lambda: Graph.star(n), "empty": lambda: Graph.empty(n)}
+        return edge_mask(trees[self.hparams.tree](), self.energy.graph)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._edges is None and not self.structure_mask.numel():
+            raise RuntimeError(f"FixedTree(tree={self.hparams.tree!r}) chooses its tree from the training data "
+                               f"when fitted: call Trainer.fit first, or pass edges=[[i, j], ...]")
+        return super().forward(x)
+
+
+def edge_mask(sub: Graph, candidate: Graph) -> torch.Tensor:
+    """bool [E] over ``candidate``'s edges: True where the (undirected) edge is in ``sub``."""
+    def key(e: torch.Tensor) -> torch.Tensor:
+        return e.amin(1) * candidate.num_nodes + e.amax(1)
+    return torch.isin(key(candidate.edges), key(sub.edges.reshape(-1, 2)))
 
 
 class Full(StructuredLearner):
@@ -67,7 +98,8 @@ class Full(StructuredLearner):
             raise ValueError(f"Full: test_inference must be 'smoothed_lp' or 'lp_map', got {test_inference!r}")
         super().__init__(num_features, num_labels, test_inference=self._predict_labels, **kwargs)
         self.save_hyperparameters({"test_inference": test_inference})
-        self.register_buffer("messages", torch.zeros(0), persistent=False)  # [N_train, E, 2, K] warm starts
+        self.example_state = ExampleState()  # checkpointed, identical on every process
+        self.example_state.add("messages", (self.energy.graph.num_edges, 2, 2))  # [N_train, E, 2, K] warm starts
 
     def build_energy(self) -> FinleyJoachimsEnergy:
         n = self.hparams.num_labels
@@ -76,23 +108,11 @@ class Full(StructuredLearner):
     def loss(self, pot: Potentials, y: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
         hp = self.hparams
         aug = hamming_augment(pot, y, hp.margin_scale)
-        res = smoothed_lp(aug, hp.eps, hp.iters, messages=self._warm_start(index, aug), tol=hp.tol)
-        if index is not None:
-            self.messages[index] = res.messages
-        return res.value - pot.score(y)
-
-    def _warm_start(self, index: torch.Tensor | None, pot: Potentials) -> torch.Tensor | None:
-        """Stored messages of these examples (zeros the first time), growing the store as needed."""
-        if index is None:
-            return None
-        E, K = pot.graph.num_edges, pot.num_states
-        need = int(index.max()) + 1
-        if self.messages.shape[0] < need:
-            grown = pot.unary.new_zeros(max(need, 2 * self.messages.shape[0]), E, 2, K)
-            if self.messages.numel():
-                grown[: self.messages.shape[0]] = self.messages
-            self.messages = grown
-        return self.messages[index]
+        warm = None if index is None else self.example_state.get("messages", index).to(aug.dtype)
+        res = smoothed_lp(aug, hp.eps, hp.iters, messages=warm, tol=hp.tol)
+        if index is not None and self.training:
+            self.example_state.set("messages", index, res.messages)
+        return check_loss_finite(res.value - pot.score(y), pot, y, "Full.loss", index=index)
 
     def _predict_labels(self, pot: Potentials) -> torch.Tensor:
         hp = self.hparams

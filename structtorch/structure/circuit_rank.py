@@ -77,6 +77,8 @@ def circuit_rank_penalty(pi: torch.Tensor, g: Graph) -> torch.Tensor:
     _check_edge_tensor(pi, g, "pi")
     if not pi.is_floating_point():
         raise TypeError(f"pi must be a floating tensor [*B, E], got {pi.dtype}")
+    if torch.isnan(pi).any():
+        raise ValueError("pi contains NaN; the circuit-rank regulariser needs totally ordered weights")
     return _CircuitRankPenalty.apply(pi, g)
 
 
@@ -93,6 +95,8 @@ def cccp_linearization(w_pair: torch.Tensor, g: Graph) -> torch.Tensor:
     _check_edge_tensor(w_pair, g, "w_pair")
     if not w_pair.is_floating_point():
         raise TypeError(f"w_pair must be a floating tensor [*B, E], got {w_pair.dtype}")
+    if torch.isnan(w_pair).any():
+        raise ValueError("w_pair contains NaN; the circuit-rank regulariser needs totally ordered weights")
     w = w_pair.detach()
     tree = max_spanning_tree(w.abs(), g)
     return torch.where(tree, torch.sign(w), torch.zeros_like(w))  # Prop. 4.3

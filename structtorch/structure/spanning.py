@@ -13,9 +13,10 @@ looked at (filter-Kruskal), which makes complete graphs cost ~O(E) cheap element
 Why Boruvka and not sort + union-find: union-find is sequential (a Python loop, or a CPU
 round trip to scipy), while Boruvka is a handful of scatter/gather passes per round and needs
 no full sort (the (weight, index) order is packed into one int64 key). On a complete graph
-with n = 1000 (499,500 edges), one thread, it is ~8-17x faster than
-scipy.sparse.csgraph.minimum_spanning_tree on random weights and on par with it when most
-weights tie (see scripts/bench_spanning.py).
+with n = 1000 (499,500 edges), one thread, it is ~7-11x faster than
+scipy.sparse.csgraph.minimum_spanning_tree on random weights (batch 1 / 10) and ~2.3-2.5x when
+most weights tie; on small graphs (n = 50, one weight vector) scipy is ~6-8x faster, as
+per-call overhead dominates (scripts/results/bench_spanning.json).
 
 ``uniform_spanning_tree`` / ``random_spanning_trees`` decode uniform random Pruefer
 sequences, a bijection onto the n ** (n - 2) labelled trees on n nodes (Cayley), so the

@@ -1,0 +1,83 @@
+"""Training time with one torch thread vs torch's default thread count, side by side.
+
+    python scripts/bench_threads.py [--epochs 60] [--repeats 3] [--models fixed_tree full]
+                                    [--data emotions] [--root ../shared/data/mulan]
+                                    [--out scripts/results/bench_threads.json]
+
+Every run is a fresh ``python -m structtorch.train model=M data=D logger=none trainer.num_threads=N``
+subprocess (N = 1, or null for torch's default), in its own temporary Hydra run directory; the
+time is the run's ``train_seconds`` from its metrics.json (fit only: no interpreter start-up,
+data loading or test). The runs of one model alternate 1 / default so that background load
+hits both alike; the table shows the best (min) of --repeats, the spread (max / min) of each
+side, and the ratio default / one thread (<= 1: more threads are not slower). The load average
+before and after is recorded in the JSON as a noise indicator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from benchutil import write_results
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def train_seconds(model: str, data: str, root: str, epochs: int, threads: int | None) -> float:
+    """train_seconds of one fresh training subprocess with ``threads`` torch threads (None: default)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-m", "structtorch.train", f"model={model}", f"data={data}", f"data.root={root}",
+               "logger=none", f"trainer.max_epochs={epochs}", "trainer.enable_progress_bar=false",
+               "trainer.enable_checkpointing=false", "test=false",
+               f"trainer.num_threads={'null' if threads is None else threads}", f"hydra.run.dir={out}"]
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+        if proc.returncode:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+        return float(json.loads((Path(out) / "metrics.json").read_text())["train_seconds"])
+
+
+def run(models: list[str], data: str, root: str, epochs: int, repeats: int) -> list[dict]:
+    rows = []
+    for model in models:
+        times: dict[str, list[float]] = {"one": [], "default": []}
+        for _ in range(repeats):
+            times["one"].append(train_seconds(model, data, root, epochs, 1))
+            times["default"].append(train_seconds(model, data, root, epochs, None))
+        one, default = min(times["one"]), min(times["default"])
+        row = {"model": model, "data": data, "epochs": epochs, "one_thread_s": one, "default_threads_s": default,
+               "ratio": default / one, "runs_one_thread_s": times["one"], "runs_default_threads_s": times["default"],
+               "spread_one": max(times["one"]) / one, "spread_default": max(times["default"]) / default}
+        rows.append(row)
+        print(f"{model:>12} {data:>9} {epochs:>4} | {one:8.2f} {default:8.2f} | {row['ratio']:5.2f}"
+              f" | spread {row['spread_one']:4.2f} {row['spread_default']:4.2f}", flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--epochs", type=int, default=60)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--models", nargs="+", default=["fixed_tree", "full"])
+    ap.add_argument("--data", default="emotions")
+    ap.add_argument("--root", default=str((REPO / ".." / "shared" / "data" / "mulan").resolve()))
+    ap.add_argument("--out", default="scripts/results/bench_threads.json")
+    args = ap.parse_args()
+    default_threads = torch.get_num_threads()
+    print(f"torch={torch.__version__} default threads={default_threads} cpus={os.cpu_count()}"
+          f" load={os.getloadavg()[0]:.2f}")
+    print("       model      data epochs | train s: 1 thread  default | default/1 | spread (max/min)")
+    load_before = os.getloadavg()
+    rows = run(args.models, args.data, args.root, args.epochs, args.repeats)
+    write_results(args.out, rows, torch.device("cpu"), default_threads=default_threads, repeats=args.repeats,
+                  load_avg_before=load_before, load_avg_after=os.getloadavg())
+
+
+if __name__ == "__main__":
+    main()

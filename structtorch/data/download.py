@@ -1,0 +1,258 @@
+"""Mulan datasets by name: a shipped catalog of files (size, sha256) and a verified download cache.
+
+Files are cached as ``<cache>/mulan/<dataset>/<file>``, where ``<cache>`` is ``$STRUCTTORCH_DATA``
+(default ``~/.cache/structtorch``). A cached file is used only if its sha256 matches the catalog,
+and a cache filled beforehand (e.g. by ``fill_cache_from``) works offline: no network request is
+made when every needed file is present and intact. Downloads go to a temporary file in the
+dataset directory, are checked (size and sha256) and only then renamed to their final name, so a
+partial or corrupt file never appears under that name.
+
+The default download source is the Mulan project's GitHub repository at a pinned commit
+(``MULAN_RAW_URL``); ``url=`` points elsewhere (a mirror laid out as ``<url>/<dataset>/<file>``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import http.client
+import os
+import re
+import shutil
+import sys
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+import warnings
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from tqdm import tqdm
+
+__all__ = ["CATALOG_PATH", "MULAN_COMMIT", "MULAN_RAW_URL", "CatalogFile", "DownloadError", "fetch_mulan",
+           "fill_cache_from", "mulan_cache_dir", "mulan_catalog", "mulan_datasets", "mulan_files"]
+
+MULAN_COMMIT = "43f6389095ad71984264db4387a8074b22bc7d4a"
+MULAN_RAW_URL = f"https://raw.githubusercontent.com/tsoumakas/mulan/{MULAN_COMMIT}/data/multi-label"
+CATALOG_PATH = resources.files(__package__).joinpath("mulan_catalog.tsv")
+TIMEOUT_S = 60.0
+_CHUNK = 1 << 16
+_ARFF_RE = re.compile(r"^(?P<stem>.+?)(?:-(?P<role>train|test))?(?P<sparse>-sparse)?\.arff$")
+_NETWORK_ERRORS = (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError)
+
+
+class DownloadError(RuntimeError):
+    """A file could not be downloaded, or what arrived is not the file of the catalog."""
+
+
+@dataclass(frozen=True)
+class CatalogFile:
+    """One file of the Mulan collection: ``<dataset>/<file>``, its size in bytes and its sha256 (hex)."""
+
+    dataset: str
+    file: str
+    size: int
+    sha256: str
+
+
+# ---------------------------------------------------------------------- the catalog
+def mulan_catalog() -> dict[str, list[CatalogFile]]:
+    """The catalog (``CATALOG_PATH``, a TSV ``dataset file bytes sha256``): dataset -> its files."""
+    lines = CATALOG_PATH.read_text(encoding="utf-8").splitlines()
+    if not lines or lines[0].split("\t") != ["dataset", "file", "bytes", "sha256"]:
+        raise ValueError(f"{CATALOG_PATH}: expected the header 'dataset<TAB>file<TAB>bytes<TAB>sha256'")
+    catalog: dict[str, list[CatalogFile]] = {}
+    for k, line in enumerate(lines[1:], start=2):
+        fields = line.split("\t")
+        if len(fields) != 4 or not fields[2].isdigit() or not re.fullmatch(r"[0-9a-f]{64}", fields[3]):
+            raise ValueError(f"{CATALOG_PATH}, line {k}: expected 'dataset file bytes sha256', got {line!r}")
+        catalog.setdefault(fields[0], []).append(CatalogFile(fields[0], fields[1], int(fields[2]), fields[3]))
+    return catalog
+
+
+def mulan_datasets() -> list[str]:
+    """The names of all datasets in the Mulan catalog, sorted."""
+    return sorted(mulan_catalog())
+
+
+def _catalog_entry(name: str) -> list[CatalogFile]:
+    """The catalog files of dataset ``name``; ValueError with close names if there is no such dataset."""
+    catalog = mulan_catalog()
+    if name in catalog:
+        return catalog[name]
+    close = difflib.get_close_matches(str(name).lower(), list(catalog), n=3, cutoff=0.5)
+    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+    raise ValueError(f"unknown Mulan dataset {name!r}.{hint} structtorch.data.mulan_datasets() lists all "
+                     f"{len(catalog)}: {', '.join(sorted(catalog))}. For a dataset of your own, pass "
+                     f"root=<dir> (data.root=<dir>) holding <dir>/{name}/{name}-train.arff, ...")
+
+
+def mulan_files(name: str) -> dict[str, CatalogFile]:
+    """The catalog files the loader needs for dataset ``name``, by role.
+
+    Roles: ``train``, ``test`` and ``xml``, or ``full`` (one file, no train/test split) and ``xml``
+    when the collection has no training file. Where a dataset only has sparse ARFF training data
+    (corel5k) the sparse train/test pair is used. ValueError for an unknown dataset, or one whose
+    data files are not in the collection (bookmarks, corel16k).
+    """
+    files = _catalog_entry(name)
+    stems: dict[str, dict[tuple[str, bool], CatalogFile]] = {}
+    xml = {f.file[: -len(".xml")]: f for f in files if f.file.endswith(".xml")}
+    for f in files:
+        m = _ARFF_RE.match(f.file)
+        if m:
+            stems.setdefault(m["stem"], {})[(m["role"] or "full", bool(m["sparse"]))] = f
+    order = sorted(stems, key=lambda s: (s.lower() != name.lower(), s))
+    for role in ("train", "full"):
+        for stem in order:
+            for sparse in (False, True):
+                if (role, sparse) in stems[stem]:
+                    return _with_partners(stems[stem], role, sparse, xml.get(stem))
+    raise ValueError(f"Mulan dataset {name!r} has no training data in the Mulan repository at commit "
+                     f"{MULAN_COMMIT[:12]} (files there: {', '.join(f.file for f in files)}). Get it "
+                     f"elsewhere and pass root=<dir> holding <dir>/{name}/{name}-train.arff, ...")
+
+
+def _with_partners(variants: dict[tuple[str, bool], CatalogFile], role: str, sparse: bool,
+                   xml: CatalogFile | None) -> dict[str, CatalogFile]:
+    out = {role: variants[(role, sparse)]}
+    if role == "train":
+        test = variants.get(("test", sparse)) or variants.get(("test", not sparse))
+        if test is not None:
+            out["test"] = test
+    if xml is not None:
+        out["xml"] = xml
+    return out
+
+
+# ---------------------------------------------------------------------- the cache
+def mulan_cache_dir() -> Path:
+    """``$STRUCTTORCH_DATA`` (default ``~/.cache/structtorch``); Mulan files live under ``<it>/mulan``."""
+    return Path(os.path.expanduser(os.environ.get("STRUCTTORCH_DATA") or "~/.cache/structtorch"))
+
+
+def fetch_mulan(name: str, root: str | os.PathLike | None = None, url: str | None = None,
+                progress: bool = True) -> Path:
+    """The directory holding dataset ``name``'s files, downloading what is missing or corrupt.
+
+    root: a local copy laid out ``<root>/<name>/...``, used as is (no download, no checksums);
+        FileNotFoundError if ``<root>/<name>`` is not a directory.
+    url: download base, files are fetched from ``<url>/<dataset>/<file>`` (default ``MULAN_RAW_URL``).
+    progress: show a progress bar on stderr while downloading.
+
+    Without root, each file of ``mulan_files(name)`` is looked up in ``<cache>/mulan/<name>/``: one
+    whose sha256 matches the catalog is reused (so a complete cache makes no network request), a
+    corrupt one is downloaded again (with a warning). Raises DownloadError if a download fails or
+    does not match the catalog, ValueError for an unknown dataset name.
+    """
+    if root is not None:
+        directory = Path(os.path.expanduser(os.fspath(root))) / name
+        if not directory.is_dir():
+            raise FileNotFoundError(f"Mulan dataset {name!r} not found under root={os.fspath(root)!r}: "
+                                    f"{directory.resolve()} is not a directory. Expected layout: "
+                                    f"<root>/{name}/{name}-train.arff, <root>/{name}/{name}-test.arff, "
+                                    f"<root>/{name}/{name}.xml (or leave root unset to download by name)")
+        return directory
+    files = mulan_files(name)
+    directory = mulan_cache_dir() / "mulan" / name
+    base = (url or MULAN_RAW_URL).rstrip("/")
+    for entry in files.values():
+        path = directory / entry.file
+        if path.is_file():
+            got = _sha256(path)
+            if got == entry.sha256:
+                continue
+            warnings.warn(f"{path}: sha256 {got} does not match the catalog's {entry.sha256}; "
+                          f"downloading it again", UserWarning, stacklevel=2)
+            path.unlink()
+        directory.mkdir(parents=True, exist_ok=True)
+        file_url = f"{base}/{urllib.parse.quote(entry.dataset)}/{urllib.parse.quote(entry.file)}"
+        _download(file_url, entry, path, progress)
+    return directory
+
+
+def fill_cache_from(src_root: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> None:
+    """Copy a local Mulan tree ``<src_root>/<dataset>/<file>`` into the cache layout, offline.
+
+    Every file of ``src_root`` that the catalog lists is checked (size and sha256) and copied to
+    ``<cache_dir>/mulan/<dataset>/<file>`` (cache_dir default: ``mulan_cache_dir()``); other files
+    are ignored. ValueError if a listed file does not match the catalog (nothing is copied for it)
+    or if ``src_root`` holds no catalog file at all.
+    """
+    src = Path(os.fspath(src_root))
+    dest = Path(os.path.expanduser(os.fspath(cache_dir))) if cache_dir is not None else mulan_cache_dir()
+    copied = 0
+    for dataset, files in mulan_catalog().items():
+        for entry in files:
+            path = src / dataset / entry.file
+            if not path.is_file():
+                continue
+            size, got = path.stat().st_size, _sha256(path)
+            if (size, got) != (entry.size, entry.sha256):
+                raise ValueError(f"{path}: expected {entry.size} bytes with sha256 {entry.sha256} (the catalog), "
+                                 f"got {size} bytes with sha256 {got}")
+            target = dest / "mulan" / dataset / entry.file
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = _temp_file(target)
+            try:
+                shutil.copyfile(path, tmp)
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
+            copied += 1
+    if not copied:
+        raise ValueError(f"no file of the Mulan catalog found under {src.resolve()} (expected <src_root>/<dataset>/"
+                         f"<file>, e.g. <src_root>/emotions/emotions-train.arff)")
+
+
+# ---------------------------------------------------------------------- helpers
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _temp_file(target: Path) -> Path:
+    """A new empty temporary file next to ``target`` (same file system, so ``os.replace`` is atomic)."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    os.close(fd)
+    os.chmod(tmp, 0o644)
+    return Path(tmp)
+
+
+def _download(url: str, entry: CatalogFile, target: Path, progress: bool) -> None:
+    """Stream ``url`` into a temporary file, check size and sha256, then rename it to ``target``."""
+    tmp = _temp_file(target)
+    expected = f"expected {entry.size} bytes with sha256 {entry.sha256}"
+    h, n = hashlib.sha256(), 0
+    try:
+        with open(tmp, "wb") as out, tqdm(total=entry.size, unit="B", unit_scale=True, unit_divisor=1024,
+                                          desc=f"{entry.dataset}/{entry.file}", file=sys.stderr,
+                                          disable=not progress, leave=False) as bar:
+            try:
+                with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
+                    while chunk := response.read(_CHUNK):
+                        n += len(chunk)
+                        if n > entry.size:
+                            break
+                        h.update(chunk)
+                        out.write(chunk)
+                        bar.update(len(chunk))
+            except _NETWORK_ERRORS as err:
+                what = "was cut off" if isinstance(err, http.client.IncompleteRead) else "failed"
+                raise DownloadError(f"download of {url} {what} after {n} of {entry.size} bytes "
+                                    f"({type(err).__name__}: {err}); {expected}; nothing was saved") from err
+        if n < entry.size:
+            raise DownloadError(f"download of {url} was cut off: the connection closed after {n} of {entry.size} "
+                                f"bytes; {expected}; nothing was saved")
+        if n > entry.size or h.hexdigest() != entry.sha256:
+            got = f"more than {entry.size} bytes" if n > entry.size else f"sha256 {h.hexdigest()}"
+            raise DownloadError(f"download of {url} is not the catalog's file: {expected}, got {got}; "
+                                f"nothing was saved")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,120 @@
+"""The README is executable: every ``python -m structtorch.train ...`` / ``make train ...`` line of its code
+blocks runs as written (default logger, default paths), only shrunk to 1-2 epochs, with placeholders
+``<a|b|c>`` expanded to each choice. Mulan data come from a cache filled from ``../shared`` (no network),
+the way a machine without internet uses ``STRUCTTORCH_DATA``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_MULAN = REPO.parent / "shared" / "data" / "mulan"
+PLACEHOLDER = re.compile(r"<([^<>]+\|[^<>]+)>")
+NEEDS = {"hydra/launcher=submitit_slurm": "needs a SLURM cluster and hydra-submitit-launcher"}
+
+
+def readme_commands(text: str) -> list[str]:
+    """Training commands of the README's ``bash`` code blocks (continuation lines joined, comments cut)."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line.startswith(("python -m structtorch.train", "make train")):
+                commands.append(" ".join(line.split()))
+    return commands
+
+
+def expand(command: str) -> list[str]:
+    """One command per placeholder choice (other placeholders at their first choice)."""
+    slots = PLACEHOLDER.findall(command)
+    if not slots:
+        return [command]
+    first = {slot: slot.split("|")[0] for slot in slots}
+    out = []
+    for slot in slots:
+        for choice in slot.split("|"):
+            variant = command
+            for s in slots:
+                variant = variant.replace(f"<{s}>", choice if s == slot else first[s], 1)
+            if variant not in out:
+                out.append(variant)
+    return out
+
+
+def shrink(args: list[str], run_dir: Path, multirun: bool) -> list[str]:
+    """Cap training at 1-2 epochs and put the outputs under ``run_dir``."""
+    epochs = [a for a in args if a.startswith("trainer.max_epochs=")]
+    args = [f"trainer.max_epochs={min(int(a.split('=')[1]), 2)}" if a in epochs else a for a in args]
+    if not epochs:
+        args.append("trainer.max_epochs=1")
+    args.append(f"hydra.sweep.dir={run_dir}" if multirun else f"hydra.run.dir={run_dir}")
+    return args
+
+
+README_TEXT = (REPO / "README.md").read_text()
+CASES = [variant for command in readme_commands(README_TEXT) for variant in expand(command)]
+
+
+def test_the_readme_has_training_commands():
+    commands = readme_commands(README_TEXT)
+    assert any(c.startswith("make train") for c in commands)
+    assert any("-m " in c for c in commands) and any("data=mulan" in c for c in commands)
+    assert expand("a x=<p|q> y=<r|s>") == ["a x=p y=r", "a x=q y=r", "a x=p y=s"]
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> Path:
+    """One outputs folder for the whole README, in order (``ckpt_path=last`` finds an earlier run)."""
+    return tmp_path_factory.mktemp("readme") / "outputs"
+
+
+@pytest.fixture(scope="module")
+def data_cache(tmp_path_factory) -> Path:
+    from structtorch.data.download import fill_cache_from
+
+    if not SHARED_MULAN.is_dir():
+        pytest.skip("../shared/data/mulan is not beside the checkout (no offline copy of the Mulan files)")
+    cache = tmp_path_factory.mktemp("structtorch_data")
+    fill_cache_from(SHARED_MULAN, cache)
+    return cache
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", CASES)
+def test_readme_command_runs_as_written(command, outputs, data_cache):
+    for needle, why in NEEDS.items():
+        if needle in command:
+            pytest.skip(why)
+    if "trainer=gpu" in command and not torch.cuda.is_available():
+        pytest.skip("trainer=gpu needs a CUDA device")
+    words = shlex.split(command)
+    multirun = "-m" in (words[3:] if words[0] == "python" else words)
+    run_dir = outputs / f"{CASES.index(command):02d}-{re.sub(r'[^A-Za-z0-9]+', '_', command)[:60]}"
+    env = dict(os.environ, STRUCTTORCH_DATA=str(data_cache), OMP_NUM_THREADS="1")
+    if command.startswith("make train"):
+        args = shlex.split(re.search(r'ARGS="([^"]*)"', command).group(1)) if "ARGS=" in command else []
+        argv = ["make", "--no-print-directory", "train", "ARGS=" + " ".join(shrink(args, run_dir, multirun))]
+    else:
+        argv = [sys.executable, *shlex.split(command)[1:]]
+        argv = argv[:3] + shrink(argv[3:], run_dir, multirun)
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"{command}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    runs = [run_dir] if not multirun else sorted(p for p in run_dir.iterdir() if p.name.isdigit())
+    assert runs
+    for run in runs:
+        metrics = json.loads((run / "metrics.json").read_text())
+        assert 0.0 <= metrics["test/hamming_acc"] <= 1.0
+        assert list(run.glob("*/events.out.tfevents.*")), "the default logger (TensorBoard) wrote nothing"
+        assert (run / "train.log").stat().st_size > 0
+    if multirun:
+        assert (run_dir / "summary.md").is_file() and (run_dir / "summary.csv").is_file()
