@@ -26,9 +26,12 @@ class ModelConfig:
     train_inference: str = "tree_map"
     test_inference: str = "tree_map"
     l2: float = 0.1
-    optimizer: str = "adam"
+    solver: str = "auto"  # lbfgs | bcfw (certified, stop at tol) | adam | adamw | sgd; auto: lbfgs where certified
     lr: float = 0.01
     lr_schedule: str = "cosine"
+    tol: float = 1e-3  # relative duality gap at which a certified solver stops
+    bias_reg: float = 1e-4
+    solver_iters: int = 20
     margin_scale: float = 1.0
 
 
@@ -47,7 +50,7 @@ class FullConfig(ModelConfig):
     test_inference: str = "smoothed_lp"
     eps: float = 0.01
     iters: int = 20
-    tol: float = 1e-4
+    lp_tol: float = 1e-4
     predict_eps: float = 0.005
     predict_iters: int = 300
 

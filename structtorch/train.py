@@ -208,7 +208,8 @@ def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
         metrics["test_seconds"] = time.perf_counter() - t0
         metrics.update({k: float(v) for k, v in results[0].items()})
     if trainer.is_global_zero:
-        metrics.update({"model": cfg.model.name, "data": data_name, "structure": model.structure_summary()})
+        metrics.update({"model": cfg.model.name, "data": data_name, "structure": model.structure_summary(),
+                        "solver": {**model.solver_report(), "epochs": trainer.current_epoch}})
         if cfg.test:
             metrics["per_label"] = _per_label(model)
         (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
@@ -238,7 +239,15 @@ def format_metrics(metrics: dict[str, Any]) -> str:
     """The console table of a run's test metrics and timings."""
     rows = [f"{k:<22} {v * 100:7.2f} %" for k, v in sorted(metrics.items()) if k.startswith("test/")]
     rows += [f"{k:<22} {v:8.2f} s" for k, v in sorted(metrics.items()) if k.endswith("_seconds")]
+    solver = metrics.get("solver", {})
+    if "relative_gap" in solver:
+        rows.append(f"{'duality gap':<22} {_worst(solver['relative_gap']):8.1e}   ({solver['solver']}, tol "
+                    f"{solver['tol']:g}, {solver['epochs']} epochs)")
     return "\n".join([f"== {metrics.get('model')} on {metrics.get('data')} ==", *rows])
+
+
+def _worst(value: float | list[float]) -> float:
+    return max(value) if isinstance(value, list) else value
 
 
 def _route_library_logs() -> None:

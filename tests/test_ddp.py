@@ -53,11 +53,14 @@ DDP_VS_CPU = ["model=fixed_tree", "model.lr=0.1", "seed=0", "data.seed=0", "data
 TEST_KEYS = ["test/hamming_acc", "test/subset_acc", "test/example_f1", "test/micro_f1", "test/macro_f1"]
 
 
-def test_ddp_two_cpu_processes_match_one_process(tmp_path):
+@pytest.mark.parametrize("solver", ["adam", "lbfgs"])
+def test_ddp_two_cpu_processes_match_one_process(solver, tmp_path):
+    """adam: DDP averages the full-batch gradient; lbfgs: every rank runs the same full-batch solve."""
     results = {}
     for trainer in ("cpu", "ddp"):
         out = tmp_path / trainer
-        proc = run_process(["-m", "structtorch.train", f"trainer={trainer}", *DDP_VS_CPU, f"hydra.run.dir={out}"])
+        proc = run_process(["-m", "structtorch.train", f"trainer={trainer}", *DDP_VS_CPU, f"model.solver={solver}",
+                            f"hydra.run.dir={out}"])
         results[trainer] = json.loads((out / "metrics.json").read_text())
         if trainer == "ddp":
             assert "distributed_backend=gloo" in proc.stdout + proc.stderr
@@ -69,6 +72,9 @@ def test_ddp_two_cpu_processes_match_one_process(tmp_path):
         assert abs(cpu[key] - ddp[key]) <= 0.005, (key, cpu[key], ddp[key])
     # and the model learned something (5 labels: chance-level Hamming accuracy is far below this)
     assert cpu["test/hamming_acc"] > 0.85
+    if solver == "lbfgs":
+        assert cpu["solver"]["converged"] and ddp["solver"]["converged"]
+        assert ddp["solver"]["primal"] == pytest.approx(cpu["solver"]["primal"], rel=1e-4)
 
 
 # ---------------------------------------------------------------------- a DDP script: batches + metric reduction
@@ -198,7 +204,8 @@ def test_ddp_full_keeps_every_examples_messages_on_every_rank(tmp_path):
     import torch
 
     out = tmp_path / "full"
-    run_process(["-m", "structtorch.train", "trainer=ddp", "model=full", "model.iters=3", "data.num_train=120",
+    run_process(["-m", "structtorch.train", "trainer=ddp", "model=full", "model.solver=adam", "model.iters=3",
+                 "data.num_train=120",
                  "data.val_fraction=0", "data.batch_size=20", "data.num_test=20", "data.num_labels=4",
                  "trainer.max_epochs=1", "trainer.enable_progress_bar=false", f"hydra.run.dir={out}"])
     state = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]

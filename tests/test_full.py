@@ -27,7 +27,7 @@ def synthetic() -> SyntheticDataModule:
 
 def test_full_learns_and_beats_majority(synthetic: SyntheticDataModule) -> None:
     L.seed_everything(0)
-    model = Full(synthetic.num_features, synthetic.num_labels, lr=0.05, l2=0.01)
+    model = Full(synthetic.num_features, synthetic.num_labels, lr=0.05, l2=0.01, solver="adam")
     metrics = _fit(model, synthetic, epochs=8)
     y_test = synthetic.test_tensors[1].float()
     majority = torch.maximum(y_test.mean(0), 1 - y_test.mean(0)).mean().item()
@@ -39,9 +39,11 @@ def test_full_learns_and_beats_majority(synthetic: SyntheticDataModule) -> None:
 
 def test_full_not_worse_than_independent_on_coupled_labels(synthetic: SyntheticDataModule) -> None:
     L.seed_everything(0)
-    full = _fit(Full(synthetic.num_features, synthetic.num_labels, lr=0.05, l2=0.01), synthetic, epochs=8)
+    full = _fit(Full(synthetic.num_features, synthetic.num_labels, lr=0.05, l2=0.01, solver="adam"), synthetic,
+                epochs=8)
     L.seed_everything(0)
-    ind = _fit(Independent(synthetic.num_features, synthetic.num_labels, lr=0.05, l2=0.01), synthetic, epochs=8)
+    ind = _fit(Independent(synthetic.num_features, synthetic.num_labels, lr=0.05, l2=0.01, solver="adam"),
+               synthetic, epochs=8)
     assert full["test/subset_acc"] >= ind["test/subset_acc"] - 0.01
 
 
@@ -78,3 +80,19 @@ def test_full_hinge_upper_bounds_exact_hinge() -> None:
 def test_full_rejects_unknown_test_inference() -> None:
     with pytest.raises(ValueError, match="test_inference must be 'smoothed_lp' or 'lp_map'"):
         Full(3, 4, test_inference="tree_map")
+
+
+def test_full_default_solver_certifies_the_lp_relaxed_objective(synthetic: SyntheticDataModule) -> None:
+    model = Full(synthetic.num_features, synthetic.num_labels, l2=0.1)
+    trainer = L.Trainer(max_epochs=200, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(model, datamodule=synthetic)
+    report = model.solver_report()
+    assert report["solver"] == "lbfgs" and report["converged"] and trainer.current_epoch < 200
+    with torch.no_grad():  # the certified primal is an upper bound on the exact LP-relaxed objective (HiGHS)
+        x, y = synthetic.train_tensors
+        pot = model.energy(x)
+        lp = (lp_map(hamming_augment(pot, y)).value - pot.score(y)).double().mean()
+        reg = 0.05 * sum((p.double().pow(2) * (1e-4 if n.endswith("bias") else 1.0)).sum()
+                         for n, p in model.energy.named_parameters())
+    assert float(lp + reg) <= report["primal"] * (1 + 1e-4) and report["primal"] <= float(lp + reg) * (1 + 2e-3)

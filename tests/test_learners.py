@@ -57,6 +57,7 @@ def dm() -> SyntheticDataModule:
 def learner(kind: str, dm: SyntheticDataModule, **kwargs) -> StructuredLearner:
     D, n = dm.num_features, dm.num_labels
     kwargs.setdefault("lr", LR)
+    kwargs.setdefault("solver", "adam")  # the gradient path; the certified solvers have their own tests
     if kind == "independent":
         return Independent(D, n, **kwargs)
     edges = {"chain": lambda: Graph.chain(n).edges,
@@ -123,13 +124,13 @@ def test_crf_loss_trains(dm):
     assert metrics["test/hamming_acc"] >= majority_hamming(dm.test_tensors[1]) + 0.10, metrics
 
 
-@pytest.mark.parametrize("optimizer,lr_schedule", [("sgd", "none"), ("adamw", "cosine")])
-def test_other_optimizers_train(dm, optimizer, lr_schedule):
-    lr = 0.5 if optimizer == "sgd" else LR
-    model = learner("chain", dm, optimizer=optimizer, lr_schedule=lr_schedule, lr=lr)
+@pytest.mark.parametrize("solver,lr_schedule", [("sgd", "none"), ("adamw", "cosine")])
+def test_other_optimizers_train(dm, solver, lr_schedule):
+    lr = 0.5 if solver == "sgd" else LR
+    model = learner("chain", dm, solver=solver, lr_schedule=lr_schedule, lr=lr)
     trainer, metrics = fit_and_test(model, dm, epochs=3)
     opt = trainer.optimizers[0]
-    assert type(opt).__name__.lower() == optimizer
+    assert type(opt).__name__.lower() == solver
     assert (len(trainer.lr_scheduler_configs) == 1) == (lr_schedule == "cosine")
     assert metrics["test/hamming_acc"] >= majority_hamming(dm.test_tensors[1]) + 0.10, metrics
 
@@ -140,6 +141,57 @@ def test_cosine_schedule_anneals_to_zero_over_max_epochs(trained):
 
 
 # ---------------------------------------------------------------------- a custom learner
+# ---------------------------------------------------------------------- certified solvers through the Trainer
+@pytest.mark.parametrize("kind", ["independent", "true_tree"])
+def test_default_solver_is_certified_and_stops_by_itself(kind, dm):
+    L.seed_everything(0, verbose=False)
+    model = learner(kind, dm, solver="auto", l2=0.01)
+    trainer, metrics = fit_and_test(model, dm, epochs=500)
+    assert model.solver_name == "lbfgs" and trainer.current_epoch < 500  # stopped on its certificate
+    report = model.solver_report()
+    assert report["converged"] and 0 <= report["relative_gap"] <= 1e-3 and report["dual"] <= report["primal"]
+    assert metrics["test/hamming_acc"] >= majority_hamming(dm.test_tensors[1]) + 0.10, metrics
+
+
+def test_crf_with_lbfgs_is_certified(dm):
+    model = learner("true_tree", dm, solver="auto", loss="crf", l2=0.01)
+    trainer, metrics = fit_and_test(model, dm, epochs=300)
+    assert model.solver_name == "lbfgs" and trainer.current_epoch < 300
+    assert model.solver_report()["converged"]
+    assert metrics["test/hamming_acc"] >= majority_hamming(dm.test_tensors[1]) + 0.10, metrics
+
+
+def test_bcfw_solver_through_the_trainer(dm):
+    model = learner("independent", dm, solver="bcfw", l2=1.0, tol=1e-2)
+    trainer, metrics = fit_and_test(model, dm, epochs=300)
+    assert trainer.current_epoch < 300 and trainer.global_step > 0
+    report = model.solver_report()
+    assert report["solver"] == "bcfw" and report["converged"] and report["relative_gap"] <= 1e-2
+    assert metrics["test/hamming_acc"] >= majority_hamming(dm.test_tensors[1]) + 0.05, metrics
+
+
+def test_certified_solver_resumes_from_a_checkpoint(dm, tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    first = learner("true_tree", dm, solver="lbfgs", l2=0.01)
+    L.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+              callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=True)]).fit(first, datamodule=dm)
+    eps = first.solver.eps
+    second = learner("true_tree", dm, solver="lbfgs", l2=0.01)
+    trainer = make_trainer(300)
+    trainer.fit(second, datamodule=dm, ckpt_path=tmp_path / "last.ckpt")
+    assert second.solver.iterations > first.solver.iterations and second.solver.eps <= eps
+    assert second.solver_report()["converged"] and trainer.current_epoch < 300
+
+
+@pytest.mark.parametrize("kwargs,match", [(dict(solver="bcfw", loss="crf"), "solver=bcfw"),
+                                          (dict(solver="lbfgs", train_inference=lambda pot: pot.unary.sum((-1, -2))),
+                                           "solver=lbfgs")])
+def test_unavailable_solver_fails_before_training(dm, kwargs, match):
+    model = learner("chain", dm, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        make_trainer(1).fit(model, datamodule=dm)
+
+
 class TableLearner(StructuredLearner):
     """A new model in a few lines: K-state table energy on a chain over the labels."""
 
@@ -203,8 +255,8 @@ def test_structured_learner_without_energy_raises_not_implemented():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(loss="hingee"), "loss"),
     (dict(loss="mse"), "loss"),
-    (dict(optimizer="adagrad"), "optimizer"),
-    (dict(optimizer="Adam"), "optimizer"),
+    (dict(solver="adagrad"), "solver"),
+    (dict(solver="Adam"), "solver"),
     (dict(train_inference="smoothed_lpp"), "train_inference"),
     (dict(test_inference="nope"), "test_inference"),
 ])
@@ -226,12 +278,12 @@ def test_learner_registry():
 
 # ---------------------------------------------------------------------- hyper-parameters, checkpoints
 def test_hyperparameters_are_saved():
-    model = FixedTree(5, 4, edges=[[0, 1], [1, 2], [1, 3]], loss="crf", l2=0.5, optimizer="sgd", lr=0.3,
+    model = FixedTree(5, 4, edges=[[0, 1], [1, 2], [1, 3]], loss="crf", l2=0.5, solver="sgd", lr=0.3,
                       lr_schedule="none", margin_scale=2.0)
     hp = model.hparams
     assert hp.num_features == 5 and hp.num_labels == 4
     assert hp.edges == [[0, 1], [1, 2], [1, 3]]
-    assert (hp.loss, hp.l2, hp.optimizer, hp.lr, hp.lr_schedule, hp.margin_scale) == ("crf", 0.5, "sgd", 0.3,
+    assert (hp.loss, hp.l2, hp.solver, hp.lr, hp.lr_schedule, hp.margin_scale) == ("crf", 0.5, "sgd", 0.3,
                                                                                        "none", 2.0)
     ind = Independent(5, 4)
     assert ind.hparams.num_features == 5 and ind.hparams.num_labels == 4

@@ -1,4 +1,5 @@
-"""BCFW (certified structured SVM) and L-BFGS solvers against exact references (sklearn SVC, scipy)."""
+"""BCFW and smoothed L-BFGS (certified structured SVMs) and L-BFGS against exact references (sklearn SVC,
+scipy, brute-force enumeration)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from sklearn.svm import SVC
 from structtorch.data import Standardizer, arff_to_multilabel, load_arff, read_mulan_labels
 from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy
 from structtorch.graph import Graph
-from structtorch.losses import crf_nll
-from structtorch.solvers import BCFW, lbfgs_solve, smoothed_oracle
+from structtorch.inference import lp_map
+from structtorch.losses import crf_nll, hamming_augment
+from structtorch.solvers import BCFW, SmoothedLBFGS, lbfgs_solve, lp_smoothed_max, smoothed_oracle
 
 MULAN = "/work/shared/data/mulan"
 
@@ -214,3 +216,132 @@ def test_lbfgs_per_model_stopping_and_bad_input():
         lbfgs_solve(objective, params, tol=0.0)
     with pytest.raises(TypeError, match="params"):
         lbfgs_solve(objective, [])
+
+
+# ---------------------------------------------------------------------- smoothed L-BFGS
+def brute_force_hinge(energy, x, y, margin=1.0):
+    """Hamming-rescaled hinge [M, N] by enumerating every labelling (small n)."""
+    pot = energy(x)
+    n, K = y.shape[1], pot.num_states
+    labellings = torch.cartesian_prod(*[torch.arange(K)] * n).reshape(-1, n)  # [K^n, n]
+    scores = torch.stack([pot.score(yy.expand(len(x), n)) for yy in labellings], -1)  # [(M,) N, K^n]
+    hamming = (labellings[None] != y[:, None]).sum(-1).to(scores.dtype)  # [N, K^n]
+    return (scores + margin * hamming).amax(-1) - pot.score(y)
+
+
+def primal_rho(energy, x, y, lam, rho, hinge):
+    sq = sum((p.pow(2) * (rho if n.endswith("bias") else 1.0)).sum() for n, p in energy.named_parameters())
+    return lam / 2 * sq + hinge.mean()
+
+
+@pytest.mark.parametrize("name,n,lams", [("emotions", 391, (1.0, 0.1, 0.01, 0.001)), ("yeast", 300, (1.0, 0.1, 0.01))])
+def test_smoothed_lbfgs_matches_libsvm(name, n, lams):
+    """Whole emotions training file (a small subset is nearly separable at lambda = 0.001: many support vectors
+    exactly on the margin, where the smoothed solve needs far more iterations)."""
+    x, y = mulan_subset(name, n)
+    for lam in lams:
+        W, b = svc_optimum(x, y, lam)
+        energy = FinleyJoachimsEnergy(x.shape[1], y.shape[1]).double()
+        info = SmoothedLBFGS(energy, x, y, lam, tol=1e-3).fit(max_iter=20000)
+        assert bool(info.converged) and 0 <= float(info.gap) <= 1e-3 * float(info.primal)
+        p_star = independent_primal(x, y, W, b, lam)
+        p = independent_primal(x, y, energy.unary.weight.detach(), energy.unary.bias.detach(), lam)
+        assert p_star * (1 - 1e-6) <= p <= p_star * 1.005, (lam, float(p), float(p_star))
+        # the certificate's primal is the exact bias-regularised objective; its dual bounds libsvm's point too
+        assert float(info.primal) == pytest.approx(float(independent_primal(
+            x, y, energy.unary.weight.detach(), energy.unary.bias.detach(), lam, 1e-4)), rel=1e-9)
+        assert float(info.dual) <= float(independent_primal(x, y, W, b, lam, 1e-4)) + 1e-9
+
+
+@pytest.mark.parametrize("energy_kind", ["finley_joachims", "table3"])
+def test_smoothed_lbfgs_certificate_on_a_tree_against_enumeration(energy_kind):
+    """The primal is the brute-force hinge objective; the dual lower-bounds it at any other parameters."""
+    K = 2 if energy_kind == "finley_joachims" else 3
+    x, y = chain_problem(K, n=4, N=40)
+    n = y.shape[1]
+    graph = Graph.star(n)
+    if energy_kind == "finley_joachims":
+        energy = FinleyJoachimsEnergy(6, n, graph).double()
+    else:
+        energy = LinearTableEnergy(6, n, K, graph, input_dependent_pairwise=True).double()
+    solver = SmoothedLBFGS(energy, x, y, 0.3, tol=1e-4)
+    solver.run(3)
+    early = solver.certify()
+    with torch.no_grad():
+        assert float(early.primal) == pytest.approx(float(primal_rho(
+            energy, x, y, 0.3, 1e-4, brute_force_hinge(energy, x, y))), rel=1e-9)
+    info = solver.fit(max_iter=5000)
+    assert bool(info.converged) and float(info.gap) <= 1e-4 * float(info.primal)
+    with torch.no_grad():
+        for seed in range(3):
+            for p in energy.parameters():
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(seed), dtype=p.dtype) * 0.3)
+            other = primal_rho(energy, x, y, 0.3, 1e-4, brute_force_hinge(energy, x, y))
+            assert float(info.dual) <= float(other) + 1e-12
+
+
+def test_smoothed_lbfgs_batched_folds_equal_separate_runs():
+    x, y = mulan_subset("emotions", 90)
+    fold = torch.arange(90) % 3 != 0
+    mask = torch.stack([torch.ones(90, dtype=torch.bool), fold, ~fold])
+    lams = torch.tensor([0.1, 0.3, 1.0], dtype=torch.float64)
+    energy = FinleyJoachimsEnergy(x.shape[1], y.shape[1], num_models=3).double()
+    info = SmoothedLBFGS(energy, x, y, lams, mask=mask, tol=1e-3).fit(max_iter=20000)
+    assert info.converged.shape == (3,) and bool(info.converged.all())
+    for m in range(3):
+        rows = mask[m]
+        W, b = svc_optimum(x[rows], y[rows], float(lams[m]))
+        p_star = independent_primal(x[rows], y[rows], W, b, float(lams[m]))
+        p = independent_primal(x[rows], y[rows], energy.unary.weight[m].detach(), energy.unary.bias[m].detach(),
+                               float(lams[m]))
+        assert p_star * (1 - 1e-6) <= p <= p_star * 1.005, (m, float(p), float(p_star))
+
+
+def test_smoothed_lbfgs_crf_reaches_scipy_optimum_with_a_certificate():
+    """eps=1, margin 0: the CRF likelihood (+ bias-regularised l2); certified against its entropy dual."""
+    x, y = chain_problem()
+    energy = FinleyJoachimsEnergy(6, 5, Graph.chain(5)).double()
+    lam, rho = 0.05, 1e-4
+    info = SmoothedLBFGS(energy, x, y, lam, margin_scale=0.0, eps=1.0, bias_reg=rho, tol=1e-8).fit(max_iter=2000)
+    assert bool(info.converged)
+    named = list(energy.named_parameters())
+
+    def f(theta):
+        with torch.no_grad():
+            for (_, p), c in zip(named, torch.from_numpy(theta).split([p.numel() for _, p in named])):
+                p.copy_(c.view(p.shape))
+            sq = sum((p.pow(2) * (rho if name.endswith("bias") else 1.0)).sum() for name, p in named)
+            return float(crf_nll(energy(x), y).mean() + lam / 2 * sq)
+
+    ref = minimize(f, np.zeros(sum(p.numel() for _, p in named)), method="L-BFGS-B",
+                   options={"maxiter": 5000, "ftol": 1e-15, "gtol": 1e-12}).fun
+    assert float(info.dual) <= ref + 1e-9 and abs(float(info.primal) - ref) <= 1e-7 * abs(ref)
+
+
+def test_smoothed_lbfgs_on_a_loopy_graph_certifies_the_lp_relaxed_objective():
+    x, y = chain_problem(n=4, N=30)
+    energy = FinleyJoachimsEnergy(6, 4, Graph.complete(4)).double()
+    info = SmoothedLBFGS(energy, x, y, 0.1, smoothed_max=lp_smoothed_max(300, tol=1e-9), tol=1e-3).fit()
+    assert bool(info.converged) and float(info.dual) <= float(info.primal)
+    with torch.no_grad():  # the certified primal upper-bounds the exact LP-relaxed objective (scipy HiGHS)
+        pot = energy(x)
+        lp_hinge = lp_map(hamming_augment(pot, y)).value - pot.score(y)
+        exact = primal_rho(energy, x, y, 0.1, 1e-4, lp_hinge)
+    assert float(exact) <= float(info.primal) + 1e-9 and float(info.primal) <= float(exact) * (1 + 1e-3)
+
+
+def test_smoothed_lbfgs_bad_input():
+    energy = FinleyJoachimsEnergy(3, 2).double()
+    x, y = torch.randn(4, 3, dtype=torch.float64), torch.zeros(4, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match="lam"):
+        SmoothedLBFGS(energy, x, y, -1.0)
+    with pytest.raises(ValueError, match="same N"):
+        SmoothedLBFGS(energy, x, y[:3], 0.1)
+    with pytest.raises(ValueError, match="tol"):
+        SmoothedLBFGS(energy, x, y, 0.1, tol=0.0)
+    with pytest.raises(ValueError, match="margin_scale"):
+        SmoothedLBFGS(energy, x, y, 0.1, margin_scale=0.0)
+    with pytest.raises(ValueError, match="y"):
+        SmoothedLBFGS(energy, x, y + 2, 0.1)
+    with pytest.raises(TypeError, match="Energy"):
+        SmoothedLBFGS(torch.nn.Linear(3, 2), x, y, 0.1)

@@ -286,7 +286,7 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 
 @pytest.mark.parametrize("model", ["independent", "fixed_tree"])
 def test_resume_after_interruption_gives_the_uninterrupted_weights(model, tmp_path):
-    cfg = small_cfg(f"model={model}", "trainer.max_epochs=4")  # default: Adam + cosine schedule
+    cfg = small_cfg(f"model={model}", "trainer.max_epochs=4", "model.solver=adam")  # Adam + cosine schedule
     dm, m = fresh(cfg)
     trainer_for(cfg, 4).fit(m, datamodule=dm)
     uninterrupted = weights(m)
@@ -307,7 +307,7 @@ def test_resume_after_interruption_gives_the_uninterrupted_weights(model, tmp_pa
 
 def test_resume_extending_max_epochs_gives_the_uninterrupted_weights(tmp_path):
     """Train 2 epochs, then resume the checkpoint to 4 (constant learning rate)."""
-    cfg = small_cfg("model=fixed_tree", "model.lr_schedule=none")
+    cfg = small_cfg("model=fixed_tree", "model.lr_schedule=none", "model.solver=adam")
     dm, m = fresh(cfg)
     trainer_for(cfg, 4).fit(m, datamodule=dm)
     uninterrupted = weights(m)
@@ -321,7 +321,7 @@ def test_resume_extending_max_epochs_gives_the_uninterrupted_weights(tmp_path):
 
 
 def test_resume_extending_max_epochs_keeps_annealing_the_cosine_schedule(tmp_path):
-    cfg = small_cfg("model=independent")
+    cfg = small_cfg("model=independent", "model.solver=adam")
     dm, m = fresh(cfg)
     trainer_for(cfg, 2, [ModelCheckpoint(dirpath=tmp_path / "a", save_last=True)]).fit(m, datamodule=dm)
     dm, m = fresh(cfg)
@@ -332,7 +332,7 @@ def test_resume_extending_max_epochs_keeps_annealing_the_cosine_schedule(tmp_pat
 
 def test_run_resumes_from_cfg_ckpt_path(tmp_path):
     """run() with ckpt_path continues a 2-epoch run to 4 epochs: same test metrics as 4 epochs straight."""
-    base = ["model=fixed_tree", "model.lr_schedule=none", "trainer.enable_checkpointing=true"]
+    base = ["model=fixed_tree", "model.lr_schedule=none", "model.solver=adam", "trainer.enable_checkpointing=true"]
     straight = run(small_cfg(*base, "trainer.max_epochs=4"), tmp_path / "straight")
     run(small_cfg(*base, "trainer.max_epochs=2"), tmp_path / "first")
     last = tmp_path / "first" / "checkpoints" / "last.ckpt"
@@ -397,7 +397,7 @@ def test_cli_missing_mulan_dataset_names_the_path(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["data=mulan"], "data=mulan needs data.name"),
     (["data=mulan", "data.name=emotinos"], "emotions"),  # a typo: the message suggests the close name
-    (["model.optimizer=adamm"], "optimizer"),
+    (["model.solver=adamm"], "solver"),
     (["model.l2=abc"], "l2"),  # a value of the wrong type: Hydra's message, exit code 2
 ])
 def test_cli_user_errors_exit_2_with_one_line(args, needle, tmp_path):
@@ -463,10 +463,10 @@ def test_cli_rejects_a_text_file_and_a_wrong_model_checkpoint(trained_run, tmp_p
 
 def test_cli_sweep_summary_lists_failed_jobs(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = cli("-m", "model.optimizer=adam,adamm", *CLI_SMALL, f"hydra.sweep.dir={sweep}")
+    proc = cli("-m", "model.solver=adam,adamm", *CLI_SMALL, f"hydra.sweep.dir={sweep}")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # a job failed: the sweep says so
     summary = (sweep / "summary.md").read_text()
-    assert "| ok |" in summary and "| failed |" in summary and "optimizer" in summary
+    assert "| ok |" in summary and "| failed |" in summary and "solver" in summary
     rows = list(csv.DictReader(open(sweep / "summary.csv")))
     assert [r["status"] for r in rows] == ["ok", "failed"]
     assert "sweep summary (2 jobs, 1 failed)" in proc.stdout

@@ -20,6 +20,9 @@ class Energy(nn.Module):
     """
 
     graph: Graph
+    #: True when score(x, y) = <pot(x; w), m(y)> is linear in the parameters w with no offset: the
+    #: certified solvers (``structtorch.solvers``) need it
+    is_linear: bool = False
 
     def pairwise_weights(self) -> torch.Tensor | None:
         """Scalar weight per edge [E] for structure regularisers and pictures, or None."""

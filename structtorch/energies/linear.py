@@ -66,6 +66,8 @@ class FinleyJoachimsEnergy(Energy):
     unary.bias [M, n], edge_weight [M, E]; unary [M, B, n, 2], pairwise [M, 1, E, 2, 2].
     """
 
+    is_linear = True
+
     def __init__(self, num_features: int, num_labels: int, graph: Graph | None = None, bias: bool = True,
                  num_models: int | None = None) -> None:
         super().__init__()
@@ -123,6 +125,8 @@ class LinearTableEnergy(Energy):
     With ``num_models=M``: every parameter gets a leading [M] dim; unary [M, B, n, K], pairwise
     [M, 1, E, K, K] (constant) or [M, B, E, K, K] (input-dependent).
     """
+
+    is_linear = True
 
     def __init__(self, num_features: int, num_labels: int, num_states: int = 2, graph: Graph | None = None,
                  input_dependent_pairwise: bool = False, num_models: int | None = None) -> None:

@@ -28,8 +28,25 @@ from ..losses import crf_nll, map_value, structured_hinge
 from ..metrics import PerLabelCounts, multilabel_metrics
 from ..plots import close_figure, per_label_figure, structure_figure
 from ..potentials import Potentials
+from ..solvers import BCFW, GapInfo, Oracle, SmoothedLBFGS, SmoothedMax, tree_oracle, tree_smoothed_max
 
-__all__ = ["StructuredLearner", "TRAIN_INFERENCE", "TEST_INFERENCE"]
+__all__ = ["SOLVERS", "StructuredLearner", "TRAIN_INFERENCE", "TEST_INFERENCE"]
+
+#: model.solver values: certified convex solvers (lbfgs, bcfw) and gradient optimizers; "auto" picks one
+SOLVERS = ("auto", "lbfgs", "bcfw", "adam", "adamw", "sgd")
+_GRADIENT = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+
+
+class SolverSteps(torch.optim.Optimizer):
+    """A no-op optimizer: under manual optimisation Lightning counts global steps (checkpoint names,
+    logging intervals, resume progress) by optimizer steps; the certified solvers update the parameters
+    themselves and step this once per solver step."""
+
+    def __init__(self, params) -> None:
+        super().__init__(params, {})
+
+    def step(self, closure=None) -> None:
+        return None
 
 #: name -> loss-augmented max value [*B] of Potentials (the max inside the structured hinge)
 TRAIN_INFERENCE: dict[str, Callable[[Potentials], torch.Tensor]] = {"tree_map": map_value}
@@ -46,7 +63,18 @@ class StructuredLearner(L.LightningModule):
         loss: "hinge" (M3N, Hamming margin rescaling) or "crf" (negative log-likelihood, trees).
         train_inference / test_inference: names in TRAIN_INFERENCE / TEST_INFERENCE, or callables.
         l2: lambda of the lambda/2 ||w||^2 regulariser (added to the mean loss).
-        optimizer: "adam", "adamw" or "sgd"; lr; lr_schedule "cosine" or "none".
+        solver: how the objective is minimised (``SOLVERS``). "lbfgs": full-batch L-BFGS on the
+            entropy-smoothed hinge (``SmoothedLBFGS``) or on the CRF likelihood, "bcfw": block-coordinate
+            Frank-Wolfe in the SSVM dual (``BCFW``); both are certified: they log ``train/duality_gap``
+            (relative) every epoch and stop the Trainer once it is <= ``tol`` (``max_epochs`` is then
+            only a cap), and they regularise biases too, with weight ``bias_reg`` * l2. "adam",
+            "adamw", "sgd": minibatch gradient steps for ``max_epochs`` (non-convex energies), biases
+            unregularised. "auto": lbfgs for an energy linear in its parameters (``Energy.is_linear``)
+            with a smoothed max for the training inference (trees; Full), else adam.
+        lr, lr_schedule ("cosine" or "none"): the gradient optimizers' step size.
+        tol: relative duality gap at which a certified solver stops.
+        bias_reg: rho, the certified solvers' bias regulariser relative to l2.
+        solver_iters: L-BFGS iterations per epoch (solver="lbfgs").
         margin_scale: weight of the Hamming term in the hinge.
         label_names: names of the n labels (pictures, metrics.json); default "y0", "y1", ...
     """
@@ -60,17 +88,25 @@ class StructuredLearner(L.LightningModule):
         train_inference: str | Callable = "tree_map",
         test_inference: str | Callable = "tree_map",
         l2: float = 0.1,
-        optimizer: str = "adam",
+        solver: str = "auto",
         lr: float = 0.01,
         lr_schedule: str = "cosine",
+        tol: float = 1e-3,
+        bias_reg: float = 1e-4,
+        solver_iters: int = 20,
         margin_scale: float = 1.0,
         label_names: list[str] | None = None,
     ) -> None:
         super().__init__()
         if loss not in ("hinge", "crf"):
             raise ValueError(f"loss must be 'hinge' or 'crf', got {loss!r}")
-        if optimizer not in ("adam", "adamw", "sgd"):
-            raise ValueError(f"optimizer must be 'adam', 'adamw' or 'sgd', got {optimizer!r}")
+        if solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+        for name, v in (("tol", tol), ("bias_reg", bias_reg)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"{name} must be a number > 0, got {v!r}")
+        if isinstance(solver_iters, bool) or not isinstance(solver_iters, int) or solver_iters < 1:
+            raise ValueError(f"solver_iters must be a positive int, got {solver_iters!r}")
         if label_names is not None and len(label_names) != num_labels:
             raise ValueError(f"label_names must name the {num_labels} labels, got {len(label_names)} names")
         self.save_hyperparameters(ignore=["energy"])
@@ -81,6 +117,9 @@ class StructuredLearner(L.LightningModule):
         self._predict = _lookup(test_inference, TEST_INFERENCE, "test_inference")
         self.val_metrics = multilabel_metrics("val/", num_labels)
         self.test_metrics = multilabel_metrics("test/", num_labels)
+        self.solver: BCFW | SmoothedLBFGS | None = None  # the certified solver, built at fit start
+        self.certificate: GapInfo | None = None  # its last duality gap
+        self._solver_state: dict[str, Any] | None = None  # from a checkpoint, applied at fit start
 
     # ------------------------------------------------------------------ what subclasses supply
     def build_energy(self) -> Energy:
@@ -103,6 +142,143 @@ class StructuredLearner(L.LightningModule):
         sq = sum((p.pow(2).sum() for n, p in self.energy.named_parameters() if not n.endswith("bias")),
                  torch.zeros((), device=self.device))
         return 0.5 * self.hparams.l2 * sq
+
+    # ------------------------------------------------------------------ certified solvers
+    def smoothed_max(self) -> SmoothedMax | None:
+        """The entropy-smoothed training max of solver="lbfgs" (None: not available for this learner).
+        Default: exact ``tree_smoothed_max`` when training with ``tree_map`` on a tree or forest."""
+        return tree_smoothed_max if self._exact_tree_training() else None
+
+    def bcfw_oracle(self) -> Oracle | None:
+        """The loss-augmented max oracle of solver="bcfw" (None: not available). Default: ``tree_oracle``."""
+        return tree_oracle if self._exact_tree_training() else None
+
+    def _exact_tree_training(self) -> bool:
+        return self._train_max is TRAIN_INFERENCE["tree_map"] and self.graph.is_forest
+
+    @property
+    def solver_name(self) -> str:
+        """The solver that trains this learner ("auto" resolved against the current energy and graph)."""
+        name = self.hparams.solver
+        if name != "auto":
+            return name
+        certified = getattr(self.energy, "is_linear", False) and self.smoothed_max() is not None
+        return "lbfgs" if certified else "adam"
+
+    def _check_solver(self) -> None:
+        name, hp = self.solver_name, self.hparams
+        if name in _GRADIENT:
+            return
+        what = type(self).__name__
+        if not getattr(self.energy, "is_linear", False):
+            raise ValueError(f"solver={name} needs an energy linear in its parameters; {what} uses "
+                             f"{type(self.energy).__name__}: use solver=adam")
+        if name == "bcfw" and (hp.loss != "hinge" or self.bcfw_oracle() is None):
+            raise ValueError(f"solver=bcfw trains the hinge with an exact or smoothed-LP max; {what} with "
+                             f"loss={hp.loss} has none: use solver=lbfgs or adam")
+        if name == "lbfgs" and self.smoothed_max() is None:
+            raise ValueError(f"solver=lbfgs needs a smoothed training max; {what} with train_inference="
+                             f"{hp.get('train_inference', 'a callable')} on {self.graph} has none: use solver=adam")
+
+    def _build_solver(self) -> BCFW | SmoothedLBFGS:
+        """The certified solver on the whole training set (parameters kept: a resumed run goes on)."""
+        hp = self.hparams
+        x, y = _training_tensors(self.trainer)
+        dtype = next(self.energy.parameters()).dtype
+        x, y = x.to(self.device, dtype), y.to(self.device)
+        if self.solver_name == "lbfgs":
+            crf = hp.loss == "crf"
+            return SmoothedLBFGS(self.energy, x, y, hp.l2, smoothed_max=self.smoothed_max(),
+                                 margin_scale=0.0 if crf else hp.margin_scale, bias_reg=hp.bias_reg, tol=hp.tol,
+                                 eps=1.0 if crf else None)
+        params = [p.detach().clone() for p in self.energy.parameters()]
+        solver = BCFW(self.energy, len(x), hp.l2, oracle=self.bcfw_oracle(), margin_scale=hp.margin_scale,
+                      bias_reg=hp.bias_reg, tol=hp.tol)
+        with torch.no_grad():  # BCFW starts from w = 0; a resumed run restores its weights and dual state
+            for p, saved in zip(self.energy.parameters(), params):
+                p.copy_(saved if self._solver_state else torch.zeros_like(saved))
+        return solver
+
+    def _certified_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
+        if isinstance(self.solver, SmoothedLBFGS):
+            if batch_idx == 0:  # full batch: one chunk of L-BFGS iterations per epoch
+                self.solver.run(self.hparams.solver_iters)
+                self.optimizers().step()
+            return None
+        if len(batch) < 3:
+            raise ValueError("solver=bcfw needs batches (x, y, index) with each example's index in the training set")
+        x, y, index = (self.all_gather(t).flatten(0, 1) if self.trainer.world_size > 1 else t for t in batch[:3])
+        info = self.solver.step(x, y, index)  # every rank takes the same step on the gathered batch
+        self.optimizers().step()
+        self.log("train/loss", info.loss.sum(), prog_bar=True, on_step=False, on_epoch=True, reduce_fx="sum",
+                 batch_size=len(x))
+        return None
+
+    def _certify(self) -> GapInfo:
+        if isinstance(self.solver, SmoothedLBFGS):
+            return self.solver.certify()
+        dm_x, dm_y = _training_tensors(self.trainer)
+        dtype = next(self.energy.parameters()).dtype
+        every = torch.arange(len(dm_x), device=self.device)
+        return self.solver.duality_gap((dm_x[i.cpu()].to(self.device, dtype), dm_y[i.cpu()].to(self.device), i)
+                                       for i in every.split(1024))
+
+    def on_fit_start(self) -> None:
+        self._check_solver()
+        if self.automatic_optimization:
+            return
+        self.solver = self._build_solver()
+        if self._solver_state:
+            self._load_solver_state(self._solver_state)
+        self.certificate = None
+
+    def on_train_epoch_start(self) -> None:
+        if isinstance(self.solver, BCFW):
+            self.solver.start_epoch()
+
+    def on_train_epoch_end(self) -> None:
+        if self.automatic_optimization:
+            return
+        if isinstance(self.solver, BCFW) and not self.solver.should_certify():
+            self.log("train/duality_gap", self.solver.gap_estimate().max(), prog_bar=True)  # running estimate
+            return
+        info = self.certificate = self._certify()
+        self.log("train/duality_gap", info.relative_gap.max(), prog_bar=True)
+        self.log("train/objective", info.primal.sum())
+        self.log("train/dual", info.dual.sum())
+        if isinstance(self.solver, SmoothedLBFGS):
+            self.log("train/eps", self.solver.eps)
+        if bool(info.converged.all()):
+            self.trainer.should_stop = True
+
+    def solver_report(self) -> dict[str, Any]:
+        """How training ended, for metrics.json: the solver and (certified solvers) its last certificate."""
+        report: dict[str, Any] = {"solver": self.solver_name}
+        if self.solver is None:
+            return report
+        info = self.certificate if self.certificate is not None else self._certify()
+        report.update({k: _plain(getattr(info, k)) for k in ("primal", "dual", "gap", "relative_gap", "converged")})
+        report["tol"] = self.hparams.tol
+        if isinstance(self.solver, SmoothedLBFGS):
+            report.update(iterations=self.solver.iterations, eps=self.solver.eps)
+        return report
+
+    def _solver_checkpoint(self) -> dict[str, Any] | None:
+        if isinstance(self.solver, SmoothedLBFGS):
+            return {"kind": "lbfgs", "eps": self.solver.eps, "iterations": self.solver.iterations}
+        if isinstance(self.solver, BCFW):
+            return {"kind": "bcfw", **{k: None if v is None else v.detach().cpu()
+                                       for k, v in self.solver.state_dict().items()}}
+        return self._solver_state
+
+    def _load_solver_state(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != self.solver_name:
+            return  # trained with another solver: start this one afresh from the weights
+        if isinstance(self.solver, SmoothedLBFGS):
+            self.solver.eps, self.solver.iterations = state["eps"], state["iterations"]
+        else:
+            self.solver.load_state_dict({k: None if v is None else v.to(self.device)
+                                         for k, v in state.items() if k != "kind"})
 
     # ------------------------------------------------------------------ structure
     @property
@@ -161,10 +337,12 @@ class StructuredLearner(L.LightningModule):
             self.set_structure(mask)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["structtorch"] = {"learner": type(self).__name__}
+        checkpoint["structtorch"] = {"learner": type(self).__name__, "solver": self._solver_checkpoint()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Re-apply the checkpoint's structure before its weights are loaded (shapes must match)."""
+        """Re-apply the checkpoint's structure before its weights are loaded (shapes must match); keep the
+        certified solver's state for the fit start."""
+        self._solver_state = checkpoint.get("structtorch", {}).get("solver")
         saved = checkpoint.get("state_dict", {}).get("structure_mask")
         if saved is None or not saved.numel():
             return
@@ -180,7 +358,9 @@ class StructuredLearner(L.LightningModule):
         return self._predict(self.energy(x))
 
     # ------------------------------------------------------------------ Lightning hooks
-    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor | None:
+        if not self.automatic_optimization:
+            return self._certified_step(batch, batch_idx)
         x, y = batch[0], batch[1]
         data_loss = self.loss(self.energy(x), y, batch[2] if len(batch) > 2 else None).mean()
         total = data_loss + self.regularizer()
@@ -222,8 +402,11 @@ class StructuredLearner(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        opt_cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[hp.optimizer]
-        opt = opt_cls(self.parameters(), lr=hp.lr)
+        self._check_solver()
+        self.automatic_optimization = self.solver_name in _GRADIENT
+        if not self.automatic_optimization:
+            return SolverSteps(self.parameters())  # the certified solver is built at fit start (on_fit_start)
+        opt = _GRADIENT[self.solver_name](self.parameters(), lr=hp.lr)
         if hp.lr_schedule == "none" or self.trainer is None or not self.trainer.max_epochs:
             return opt
         # closed-form cosine over the *current* max_epochs (a run resumed with more epochs keeps annealing to 0)
@@ -247,6 +430,12 @@ def _training_tensors(trainer: L.Trainer | None) -> tuple[torch.Tensor, torch.Te
                            "that has `train_tensors` or a train dataloader of (x, y[, index]) batches")
     batches = list(loader)
     return torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+
+
+def _plain(t: torch.Tensor) -> float | bool | list:
+    """A per-model tensor [M] as a JSON value: a scalar for one model, else a list."""
+    values = t.detach().cpu().tolist()
+    return values[0] if len(values) == 1 else values
 
 
 def _lookup(what: str | Callable, registry: dict[str, Callable], name: str) -> Callable:

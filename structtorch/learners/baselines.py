@@ -10,6 +10,7 @@ from ..graph import Graph
 from ..inference import lp_map, smoothed_lp
 from ..losses import check_loss_finite, hamming_augment
 from ..potentials import Potentials
+from ..solvers import Oracle, SmoothedMax, lp_smoothed_max, smoothed_oracle
 from ..state import ExampleState
 from ..structure.edge_scores import chow_liu_tree
 from .base import StructuredLearner
@@ -86,12 +87,14 @@ class Full(StructuredLearner):
     scipy HiGHS, CPU, per example).
 
     Args:
-        eps / iters / tol: smoothing and sweeps of the training inference.
+        eps / iters / lp_tol: smoothing, sweeps and stopping tolerance of the training inference (the
+            Adam path's warm-started ``smoothed_lp``; solver="lbfgs" lowers eps itself, solver="bcfw" uses
+            eps as its oracle's smoothing).
         predict_eps / predict_iters: the same for prediction (cold start).
         test_inference: "smoothed_lp" or "lp_map". Other args as ``StructuredLearner``.
     """
 
-    def __init__(self, num_features: int, num_labels: int, eps: float = 0.01, iters: int = 20, tol: float = 1e-4,
+    def __init__(self, num_features: int, num_labels: int, eps: float = 0.01, iters: int = 20, lp_tol: float = 1e-4,
                  predict_eps: float = 0.005, predict_iters: int = 300, test_inference: str = "smoothed_lp",
                  **kwargs) -> None:
         if test_inference not in ("smoothed_lp", "lp_map"):
@@ -105,11 +108,18 @@ class Full(StructuredLearner):
         n = self.hparams.num_labels
         return FinleyJoachimsEnergy(self.hparams.num_features, n, Graph.complete(n))
 
+    def smoothed_max(self) -> SmoothedMax:
+        """The smoothed LP relaxation (cold start, ``predict_iters`` sweeps): certifies the LP-relaxed hinge."""
+        return lp_smoothed_max(self.hparams.predict_iters, tol=self.hparams.lp_tol)
+
+    def bcfw_oracle(self) -> Oracle:
+        return smoothed_oracle(self.hparams.eps, self.hparams.predict_iters, tol=self.hparams.lp_tol * self.hparams.eps)
+
     def loss(self, pot: Potentials, y: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
         hp = self.hparams
         aug = hamming_augment(pot, y, hp.margin_scale)
         warm = None if index is None else self.example_state.get("messages", index).to(aug.dtype)
-        res = smoothed_lp(aug, hp.eps, hp.iters, messages=warm, tol=hp.tol)
+        res = smoothed_lp(aug, hp.eps, hp.iters, messages=warm, tol=hp.lp_tol)
         if index is not None and self.training:
             self.example_state.set("messages", index, res.messages)
         return check_loss_finite(res.value - pot.score(y), pot, y, "Full.loss", index=index)
@@ -118,4 +128,4 @@ class Full(StructuredLearner):
         hp = self.hparams
         if hp.test_inference == "lp_map":
             return lp_map(pot).assignment
-        return smoothed_lp(pot, hp.predict_eps, hp.predict_iters, tol=hp.tol * hp.predict_eps / hp.eps).assignment
+        return smoothed_lp(pot, hp.predict_eps, hp.predict_iters, tol=hp.lp_tol * hp.predict_eps / hp.eps).assignment

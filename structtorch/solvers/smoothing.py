@@ -1,0 +1,241 @@
+"""Certified full-batch solver for structured SVMs and CRFs: L-BFGS on the entropy-smoothed loss.
+
+Objective (the same primal as ``BCFW``; biases regularised with weight ``bias_reg``, M models at once):
+
+    P(w) = lambda/2 (|W|^2 + rho |b|^2) + (1/N) sum_i [max_y (score(x_i, y; w) + Delta(y_i, y)) - score(x_i, y_i; w)].
+
+The max is replaced by its entropy-smoothed version eps * log sum_y exp((score + Delta) / eps)
+(``tree_smoothed_max``: exact on trees; ``lp_smoothed_max``: the smoothed LP relaxation on loopy
+graphs), a smooth convex upper bound within eps * n log K of the max (Nesterov smoothing), which
+full-batch L-BFGS minimises fast. Its gradient w.r.t. the potentials are marginals mu_i, a point of
+the marginal (local) polytope, hence a dual point of the structured SVM, and
+
+    D(mu) = -lambda/2 |w(mu)|_R^2 + (1/N) sum_i <Delta_i, mu_i>,
+    w(mu) = 1/(lambda N) R^-1 grad_w sum_i <pot(x_i; w), m(y_i) - mu_i>      (R = diag(1, rho on biases))
+
+is a lower bound on the optimum for every mu (linear energies; see ``BCFW``). The certificate is
+P(w) - D(mu(w)) >= P(w) - P*; at the optimum of the smoothed problem it is at most eps/N sum_i H(mu_i),
+so eps is lowered (continuation) whenever the gap is within twice that term, until the relative gap
+is <= tol. With a fixed ``eps`` (CRFs: eps = 1, margin_scale = 0) the solver minimises
+the smoothed objective itself and certifies it against its own dual (entropy included):
+D_eps(mu) = D(mu) + eps/N sum_i H(mu_i).
+
+Loopy graphs (``lp_smoothed_max``): the max is the LP relaxation's, so the certificate is for the
+LP-relaxed objective, and it holds up to the inner LP solver's convergence (its pseudo-marginals lie
+in the local polytope only at convergence).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+
+from ..energies import Energy
+from ..inference import smoothed_lp, tree_logz, tree_map
+from ..potentials import Potentials
+from .bcfw import GapInfo, _check_lam, _check_mask, one_hot_marginals
+
+__all__ = ["SmoothedLBFGS", "SmoothedMax", "lp_smoothed_max", "tree_smoothed_max"]
+
+#: (Potentials [*B], eps) -> differentiable smoothed max [*B] >= max_y score(y); its gradient is marginals
+SmoothedMax = Callable[[Potentials, float], torch.Tensor]
+
+
+def tree_smoothed_max(pot: Potentials, eps: float) -> torch.Tensor:
+    """eps * log sum_y exp(score(y) / eps) [*B] on a tree or forest (exact)."""
+    return eps * tree_logz(Potentials(pot.unary / eps, pot.pairwise / eps, pot.graph))
+
+
+def lp_smoothed_max(iters: int = 100, tol: float | None = 1e-6) -> SmoothedMax:
+    """The entropy-smoothed LP relaxation (``smoothed_lp``, any graph), cold-started, as a SmoothedMax."""
+    def smax(pot: Potentials, eps: float) -> torch.Tensor:
+        return smoothed_lp(pot, eps, iters, tol=None if tol is None else tol * eps).value
+    return smax
+
+
+def _tree_max(pot: Potentials) -> torch.Tensor:
+    with torch.no_grad():
+        return tree_map(pot)[0]
+
+
+class SmoothedLBFGS:
+    """Full-batch L-BFGS on the smoothed structured hinge (or CRF likelihood), with a duality-gap certificate.
+
+    Args:
+        energy: an ``Energy`` linear in its parameters on a single graph (``num_models=M`` trains M
+            models at once); its parameters are optimised in place from their current values.
+        x [N, D], y [N, n] long: the training set.
+        lam: lambda > 0, a float or a tensor [M].
+        smoothed_max: ``tree_smoothed_max`` (trees, forests) or ``lp_smoothed_max(...)`` (loopy graphs).
+        exact_max: the max itself for the primal value (default: tree_map's score when smoothed_max is
+            ``tree_smoothed_max``, else None: the primal uses the smoothed max, an upper bound).
+        margin_scale: weight of the Hamming loss (0 with a fixed eps: the CRF likelihood at eps = 1).
+        bias_reg: rho > 0, the regulariser weight of parameters named ``*bias`` relative to lambda.
+        tol: relative duality gap at which the solve is certified.
+        eps: None: continuation on the temperature (the hinge); a float: that fixed temperature (the
+            smoothed objective is the objective, e.g. eps = 1 for a CRF).
+        mask: bool [M, N] (or [N]), the examples each model trains on (CV folds); default all.
+        history_size: L-BFGS memory.
+        dtype: the precision of the solve (default float64: a 1e-3 certificate needs more than float32's
+            line searches resolve). When it differs from the energy's, the solver works on a copy of the
+            energy in ``dtype`` and writes the parameters back (cast) after every ``run``.
+    """
+
+    def __init__(self, energy: Energy, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor,
+                 smoothed_max: SmoothedMax = tree_smoothed_max, exact_max: Callable | None = None,
+                 margin_scale: float = 1.0, bias_reg: float = 1e-4, tol: float = 1e-3, eps: float | None = None,
+                 mask: torch.Tensor | None = None, history_size: int = 20, dtype: torch.dtype = torch.float64
+                 ) -> None:
+        if not isinstance(energy, Energy) or energy.graph.is_ensemble:
+            raise TypeError("energy must be a structtorch Energy on a single graph")
+        if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0] or x.shape[0] < 1:
+            raise ValueError(f"x [N, D] and y [N, n] must have the same N >= 1 rows, got {tuple(x.shape)} and "
+                             f"{tuple(y.shape)}")
+        for name, v in (("bias_reg", bias_reg), ("tol", tol)):
+            if not float(v) > 0:
+                raise ValueError(f"{name} must be > 0, got {v!r}")
+        if eps is not None and not float(eps) > 0:
+            raise ValueError(f"eps must be None or > 0, got {eps!r}")
+        if not float(margin_scale) >= 0 or (eps is None and not float(margin_scale) > 0):
+            raise ValueError(f"margin_scale must be > 0 (>= 0 with a fixed eps), got {margin_scale!r}")
+        self.target = energy
+        if next(energy.parameters()).dtype != dtype:
+            energy = copy.deepcopy(energy).to(dtype)
+        self.energy, self.x, self.smoothed_max, self.tol = energy, x.to(dtype), smoothed_max, float(tol)
+        self.exact_max = exact_max if exact_max is not None or smoothed_max is not tree_smoothed_max else _tree_max
+        self.num_models = energy.num_models
+        named = list(energy.named_parameters())
+        self.params = [p for _, p in named]
+        ref = self.params[0]
+        self._reg_weight = [bias_reg if n.endswith("bias") else 1.0 for n, _ in named]
+        M = 1 if self.num_models is None else self.num_models
+        self.lam = _check_lam(lam, M, ref)
+        self.mask = _check_mask(mask, M, x.shape[0], ref.device).to(ref.dtype)
+        self.count = self.mask.sum(1)
+        with torch.no_grad():
+            pot = energy(self.x[:1])
+        self.y = pot.check_labels(y)
+        K = pot.num_states
+        self.m_u, self.m_p = one_hot_marginals(self.y, energy.graph, K, ref.dtype)  # [N, n, K], [N, E, K, K]
+        self.delta = margin_scale * (1.0 - self.m_u)
+        self.fixed_eps = eps is not None
+        self.eps = float(eps) if self.fixed_eps else float(margin_scale)
+        self.history_size = history_size
+        self.iterations = 0
+        self.last: GapInfo | None = None
+        self._new_optimizer()
+
+    # ------------------------------------------------------------------ objective
+    def _new_optimizer(self) -> None:
+        self.opt = torch.optim.LBFGS(self.params, lr=1.0, max_iter=1, history_size=self.history_size,
+                                     tolerance_grad=0.0, tolerance_change=0.0, line_search_fn="strong_wolfe")
+
+    def _lift(self, pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
+        """unary [M, N, n, K], pairwise [M, N or 1, E, K, K] with an explicit model dim."""
+        U, P = pot.unary, pot.pairwise
+        if self.num_models is None:
+            U = U.unsqueeze(0)
+        while P.dim() < 5:
+            P = P.unsqueeze(0)
+        return U, P
+
+    def regularizer(self) -> torch.Tensor:
+        """lambda/2 |w|_R^2 [M]."""
+        return 0.5 * self.lam * self._per_model([p.pow(2) * r for p, r in zip(self.params, self._reg_weight)])
+
+    def _score(self, U: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+        """score(x_i, y_i) [M, N]."""
+        return (U * self.m_u).sum((-1, -2)) + (P * self.m_p).sum((-1, -2, -3))
+
+    def _mean(self, per_example: torch.Tensor) -> torch.Tensor:
+        """(1/N_m) sum_i mask_mi t_mi [M] of per-example terms [M, N]."""
+        return (per_example * self.mask).sum(1) / self.count
+
+    def objective(self) -> torch.Tensor:
+        """The smoothed objective [M] at the current eps (differentiable)."""
+        U, P = self._lift(self.energy(self.x))
+        value = self.smoothed_max(Potentials(U + self.delta, P, self.energy.graph), self.eps)
+        return self.regularizer() + self._mean(value - self._score(U, P))
+
+    def run(self, iterations: int) -> None:
+        """Up to ``iterations`` L-BFGS iterations (strong Wolfe) on the smoothed objective, in one
+        ``LBFGS.step`` (its curvature pairs and step length carry over between calls)."""
+        def closure() -> torch.Tensor:
+            self.opt.zero_grad()
+            value = self.objective().sum()
+            value.backward()
+            return value
+        group = self.opt.param_groups[0]
+        group["max_iter"], group["max_eval"] = iterations, iterations * 5 // 4
+        state = self.opt.state[self.opt._params[0]]
+        before = state.get("n_iter", 0)
+        start = float(self.opt.step(closure).detach().sum())
+        self.iterations += max(1, state.get("n_iter", 0) - before)
+        if not float(self.objective().detach().sum()) < start:
+            self._new_optimizer()  # no progress (a failed line search): restart from steepest descent
+        if self.energy is not self.target:
+            with torch.no_grad():
+                for p, q in zip(self.target.parameters(), self.params):
+                    p.copy_(q)
+
+    # ------------------------------------------------------------------ certificate
+    def certify(self) -> GapInfo:
+        """The duality gap [M] at the current parameters; lowers eps (continuation) where the gap is within
+        twice the smoothing term. Sets ``self.last``."""
+        graph = self.energy.graph
+        U, P = self._lift(self.energy(self.x))
+        Ud = U.detach().requires_grad_()
+        Pd = P.detach().expand(U.shape[0], U.shape[1], *P.shape[2:]).clone().requires_grad_()
+        aug = Potentials(Ud + self.delta, Pd, graph)
+        value = self.smoothed_max(aug, self.eps)
+        mu_u, mu_p = torch.autograd.grad(value.sum(), (Ud, Pd))
+        weight = self.mask / (self.lam * self.count)[:, None]
+        inner = (U * (self.m_u - mu_u)).sum((-1, -2)) + (P * (self.m_p - mu_p)).sum((-1, -2, -3))
+        grads = torch.autograd.grad((inner * weight).sum(), self.params, allow_unused=True)
+        with torch.no_grad():
+            w_mu = self._per_model([g.pow(2) / r for g, r in zip(grads, self._reg_weight) if g is not None])
+            score = self._score(Ud, Pd)
+            if self.fixed_eps:  # <Delta, mu> + eps H(mu) = smoothed value - <theta, mu>
+                data, dual_lin = value - score, value - (Ud * mu_u).sum((-1, -2)) - (Pd * mu_p).sum((-1, -2, -3))
+            else:
+                top = value if self.exact_max is None else self.exact_max(aug)
+                data, dual_lin = top - score, (self.delta * mu_u).sum((-1, -2))
+            primal = self.regularizer() + self._mean(data)
+            dual = self._mean(dual_lin) - 0.5 * self.lam * w_mu
+            gap = primal - dual
+            rel = gap / primal.abs().clamp_min(torch.finfo(primal.dtype).tiny)
+            converged = rel <= self.tol
+            self.last = GapInfo(primal=primal, dual=dual, gap=gap, relative_gap=rel, converged=converged)
+            if not self.fixed_eps and not bool(converged.all()):
+                entropy = value - (aug.unary * mu_u).sum((-1, -2)) - (Pd * mu_p).sum((-1, -2, -3))  # eps H(mu_i)
+                self._lower_eps(gap[~converged], primal[~converged], self._mean(entropy)[~converged])
+        return self.last
+
+    def _lower_eps(self, gap: torch.Tensor, primal: torch.Tensor, smoothing: torch.Tensor) -> None:
+        """Continuation on the temperature, per unconverged model: gap, primal and the smoothing term
+        eps/N sum_i H(mu_i) [M'] (the gap at the smoothed optimum is below it). Where that term is at
+        least half the gap (the smoothed problem is nearly solved), eps shrinks 2-10x towards the eps
+        whose smoothing term would be tol/2 of the primal."""
+        limited = smoothing >= 0.5 * gap
+        if not bool(limited.any()):
+            return
+        aim = 0.5 * self.tol * primal.abs() / smoothing.clamp_min(torch.finfo(gap.dtype).tiny)
+        self.eps *= float(aim[limited].clamp(0.1, 0.5).min())
+        self._new_optimizer()  # a new objective: curvature pairs of the old one can stall the line search
+
+    def fit(self, max_iter: int = 10000, check_every: int = 20) -> GapInfo:
+        """Run until every model is certified (relative gap <= tol) or ``max_iter`` iterations."""
+        info = self.certify()
+        while not bool(info.converged.all()) and self.iterations < max_iter:
+            self.run(min(check_every, max_iter - self.iterations))
+            info = self.certify()
+        return info
+
+    def _per_model(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """sum over each model's coordinates [M] of tensors with (or without) a leading [M] dim."""
+        out = torch.zeros_like(self.lam)
+        for t in tensors:
+            out += t.sum().reshape(1) if self.num_models is None else t.reshape(t.shape[0], -1).sum(1)
+        return out
