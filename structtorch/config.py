@@ -25,13 +25,15 @@ class ModelConfig:
     loss: str = "hinge"
     train_inference: str = "tree_map"
     test_inference: str = "tree_map"
-    l2: float = 0.1
+    l2: Any = 0.1  # a number, or a list: a grid chosen by cv_folds-fold cross-validation on the training set
+    cv_folds: int = 5
+    cv_metric: str = "hamming_acc"
     solver: str = "auto"  # lbfgs | bcfw (certified, stop at tol) | adam | adamw | sgd; auto: lbfgs where certified
     lr: float = 0.01
     lr_schedule: str = "cosine"
     tol: float = 1e-3  # relative duality gap at which a certified solver stops
     bias_reg: float = 1e-4
-    solver_iters: int = 20
+    solver_iters: int = 100
     margin_scale: float = 1.0
 
 

@@ -210,6 +210,8 @@ def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
     if trainer.is_global_zero:
         metrics.update({"model": cfg.model.name, "data": data_name, "structure": model.structure_summary(),
                         "solver": {**model.solver_report(), "epochs": trainer.current_epoch}})
+        if model.cv_report is not None:
+            metrics["cv"] = model.cv_report
         if cfg.test:
             metrics["per_label"] = _per_label(model)
         (out / "metrics.json").write_text(json.dumps(metrics, indent=1))

@@ -20,6 +20,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from ..energies import Energy
 from ..graph import Graph
@@ -62,7 +63,14 @@ class StructuredLearner(L.LightningModule):
         energy: an ``Energy`` to train; None calls ``build_energy()`` (what subclasses implement).
         loss: "hinge" (M3N, Hamming margin rescaling) or "crf" (negative log-likelihood, trees).
         train_inference / test_inference: names in TRAIN_INFERENCE / TEST_INFERENCE, or callables.
-        l2: lambda of the lambda/2 ||w||^2 regulariser (added to the mean loss).
+        l2: lambda of the lambda/2 ||w||^2 regulariser (added to the mean loss), or a list of lambdas: a
+            regularisation grid, trained with ``cv_folds``-fold cross-validation on the training set as
+            one batched model (len(l2) * (cv_folds + 1) models: every fold of every lambda, and every
+            lambda on the whole training set); after training, the lambda with the best mean held-out
+            ``cv_metric`` is chosen and its whole-training-set model predicts (``cv_report``). Needs a
+            certified solver and an energy built with ``num_models=self.num_models``.
+        cv_folds, cv_metric: folds of the grid's cross-validation (>= 2) and its metric: "hamming_acc",
+            "subset_acc" or "example_f1".
         solver: how the objective is minimised (``SOLVERS``). "lbfgs": full-batch L-BFGS on the
             entropy-smoothed hinge (``SmoothedLBFGS``) or on the CRF likelihood, "bcfw": block-coordinate
             Frank-Wolfe in the SSVM dual (``BCFW``); both are certified: they log ``train/duality_gap``
@@ -74,7 +82,7 @@ class StructuredLearner(L.LightningModule):
         lr, lr_schedule ("cosine" or "none"): the gradient optimizers' step size.
         tol: relative duality gap at which a certified solver stops.
         bias_reg: rho, the certified solvers' bias regulariser relative to l2.
-        solver_iters: L-BFGS iterations per epoch (solver="lbfgs").
+        solver_iters: L-BFGS iterations per epoch at most (solver="lbfgs"; certified every 20).
         margin_scale: weight of the Hamming term in the hinge.
         label_names: names of the n labels (pictures, metrics.json); default "y0", "y1", ...
     """
@@ -87,13 +95,15 @@ class StructuredLearner(L.LightningModule):
         loss: str = "hinge",
         train_inference: str | Callable = "tree_map",
         test_inference: str | Callable = "tree_map",
-        l2: float = 0.1,
+        l2: float | list[float] = 0.1,
         solver: str = "auto",
         lr: float = 0.01,
         lr_schedule: str = "cosine",
         tol: float = 1e-3,
         bias_reg: float = 1e-4,
-        solver_iters: int = 20,
+        solver_iters: int = 100,
+        cv_folds: int = 5,
+        cv_metric: str = "hamming_acc",
         margin_scale: float = 1.0,
         label_names: list[str] | None = None,
     ) -> None:
@@ -107,11 +117,21 @@ class StructuredLearner(L.LightningModule):
                 raise ValueError(f"{name} must be a number > 0, got {v!r}")
         if isinstance(solver_iters, bool) or not isinstance(solver_iters, int) or solver_iters < 1:
             raise ValueError(f"solver_iters must be a positive int, got {solver_iters!r}")
+        self.l2_grid = _check_l2(l2)
+        if isinstance(cv_folds, bool) or not isinstance(cv_folds, int) or cv_folds < 2:
+            raise ValueError(f"cv_folds must be an int >= 2, got {cv_folds!r}")
+        if cv_metric not in CV_METRICS:
+            raise ValueError(f"cv_metric must be one of {sorted(CV_METRICS)}, got {cv_metric!r}")
+        #: None for one l2; else the batched models of the grid, len(l2) * (cv_folds + 1)
+        self.num_models = None if len(self.l2_grid) == 1 else len(self.l2_grid) * (cv_folds + 1)
         if label_names is not None and len(label_names) != num_labels:
             raise ValueError(f"label_names must name the {num_labels} labels, got {len(label_names)} names")
         self.save_hyperparameters(ignore=["energy"])
         self.energy = energy if energy is not None else self.build_energy()
         self.register_buffer("structure_mask", torch.zeros(0, dtype=torch.bool))  # [E candidate] once learned
+        # the model that predicts (grid: index into the batched models; chosen by cross-validation)
+        self.register_buffer("selected_model", torch.tensor(self._full_model(0)))
+        self.cv_report: dict[str, Any] | None = None
         self.per_label = PerLabelCounts(num_labels)
         self._train_max = _lookup(train_inference, TRAIN_INFERENCE, "train_inference")
         self._predict = _lookup(test_inference, TEST_INFERENCE, "test_inference")
@@ -141,7 +161,7 @@ class StructuredLearner(L.LightningModule):
         """lambda/2 ||w||^2 over the energy's weights (biases excluded)."""
         sq = sum((p.pow(2).sum() for n, p in self.energy.named_parameters() if not n.endswith("bias")),
                  torch.zeros((), device=self.device))
-        return 0.5 * self.hparams.l2 * sq
+        return 0.5 * self.l2_grid[0] * sq
 
     # ------------------------------------------------------------------ certified solvers
     def smoothed_max(self) -> SmoothedMax | None:
@@ -167,9 +187,15 @@ class StructuredLearner(L.LightningModule):
 
     def _check_solver(self) -> None:
         name, hp = self.solver_name, self.hparams
-        if name in _GRADIENT:
-            return
         what = type(self).__name__
+        if self.num_models is not None and getattr(self.energy, "num_models", None) != self.num_models:
+            raise ValueError(f"model.l2={list(self.l2_grid)} is a grid of {self.num_models} batched models, but "
+                             f"{what}.build_energy() did not pass num_models=self.num_models to its energy")
+        if name in _GRADIENT:
+            if self.num_models is not None:
+                raise ValueError(f"model.l2 as a list (a regularisation grid) needs solver=lbfgs or bcfw, "
+                                 f"got solver={name}")
+            return
         if not getattr(self.energy, "is_linear", False):
             raise ValueError(f"solver={name} needs an energy linear in its parameters; {what} uses "
                              f"{type(self.energy).__name__}: use solver=adam")
@@ -186,23 +212,66 @@ class StructuredLearner(L.LightningModule):
         x, y = _training_tensors(self.trainer)
         dtype = next(self.energy.parameters()).dtype
         x, y = x.to(self.device, dtype), y.to(self.device)
+        lam, mask = self._grid(len(x))
         if self.solver_name == "lbfgs":
             crf = hp.loss == "crf"
-            return SmoothedLBFGS(self.energy, x, y, hp.l2, smoothed_max=self.smoothed_max(),
+            return SmoothedLBFGS(self.energy, x, y, lam, smoothed_max=self.smoothed_max(),
                                  margin_scale=0.0 if crf else hp.margin_scale, bias_reg=hp.bias_reg, tol=hp.tol,
-                                 eps=1.0 if crf else None)
+                                 eps=1.0 if crf else None, mask=mask)
         params = [p.detach().clone() for p in self.energy.parameters()]
-        solver = BCFW(self.energy, len(x), hp.l2, oracle=self.bcfw_oracle(), margin_scale=hp.margin_scale,
-                      bias_reg=hp.bias_reg, tol=hp.tol)
+        solver = BCFW(self.energy, len(x), lam, oracle=self.bcfw_oracle(), margin_scale=hp.margin_scale,
+                      bias_reg=hp.bias_reg, tol=hp.tol, mask=mask)
         with torch.no_grad():  # BCFW starts from w = 0; a resumed run restores its weights and dual state
             for p, saved in zip(self.energy.parameters(), params):
                 p.copy_(saved if self._solver_state else torch.zeros_like(saved))
         return solver
 
+    def _full_model(self, g: int) -> int:
+        """Index of lambda g's model on the whole training set (0 without a grid)."""
+        return 0 if self.num_models is None else g * (self.hparams.cv_folds + 1) + self.hparams.cv_folds
+
+    def cv_folds_of(self, num_examples: int) -> torch.Tensor:
+        """The fold [N] of each training example (seeded, balanced)."""
+        perm = torch.randperm(num_examples, generator=torch.Generator().manual_seed(0))
+        return torch.empty(num_examples, dtype=torch.long).index_put_((perm,), torch.arange(num_examples) %
+                                                                      self.hparams.cv_folds)
+
+    def _grid(self, num_examples: int) -> tuple[float | torch.Tensor, torch.Tensor | None]:
+        """(lambda per model [M], training mask [M, N]) of the grid; (l2, None) without one."""
+        if self.num_models is None:
+            return self.l2_grid[0], None
+        k = self.hparams.cv_folds
+        fold = self.cv_folds_of(num_examples)
+        masks = torch.stack([fold != f for f in range(k)] + [torch.ones(num_examples, dtype=torch.bool)])
+        lam = torch.tensor(self.l2_grid, dtype=next(self.energy.parameters()).dtype).repeat_interleave(k + 1)
+        return lam.to(self.device), masks.repeat(len(self.l2_grid), 1).to(self.device)
+
+    def select_by_cv(self) -> dict[str, Any] | None:
+        """Choose the grid's lambda by the mean held-out ``cv_metric`` of its fold models (training set
+        only) and predict with its whole-training-set model; returns (and keeps) ``cv_report``."""
+        if self.num_models is None:
+            return None
+        hp, k = self.hparams, self.hparams.cv_folds
+        x, y = _training_tensors(self.trainer)
+        fold = self.cv_folds_of(len(x))
+        dtype = next(self.energy.parameters()).dtype
+        scores = []
+        with torch.no_grad():
+            y_hat = torch.cat([self._predict(self.energy(x[i].to(self.device, dtype))).cpu()
+                               for i in torch.arange(len(x)).split(1024)], -2)  # [M, N, n]
+        for g in range(len(self.l2_grid)):
+            per_fold = [CV_METRICS[hp.cv_metric](y_hat[g * (k + 1) + f][fold == f], y[fold == f]) for f in range(k)]
+            scores.append(sum(per_fold) / k)
+        best = max(range(len(scores)), key=lambda g: (scores[g], self.l2_grid[g]))  # ties: the stronger l2
+        self.selected_model.fill_(self._full_model(best))
+        self.cv_report = {"metric": hp.cv_metric, "folds": k, "l2": list(self.l2_grid), "scores": scores,
+                          "chosen_l2": self.l2_grid[best]}
+        return self.cv_report
+
     def _certified_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
         if isinstance(self.solver, SmoothedLBFGS):
-            if batch_idx == 0:  # full batch: one chunk of L-BFGS iterations per epoch
-                self.solver.run(self.hparams.solver_iters)
+            if batch_idx == 0:  # full batch: up to solver_iters L-BFGS iterations per epoch, certified every 20
+                self.solver.fit(max_iter=self.solver.iterations + self.hparams.solver_iters, check_every=20)
                 self.optimizers().step()
             return None
         if len(batch) < 3:
@@ -215,8 +284,8 @@ class StructuredLearner(L.LightningModule):
         return None
 
     def _certify(self) -> GapInfo:
-        if isinstance(self.solver, SmoothedLBFGS):
-            return self.solver.certify()
+        if isinstance(self.solver, SmoothedLBFGS):  # certified at the end of this epoch's iterations
+            return self.solver.last if self.solver.last is not None else self.solver.certify()
         dm_x, dm_y = _training_tensors(self.trainer)
         dtype = next(self.energy.parameters()).dtype
         every = torch.arange(len(dm_x), device=self.device)
@@ -247,7 +316,7 @@ class StructuredLearner(L.LightningModule):
         self.log("train/objective", info.primal.sum())
         self.log("train/dual", info.dual.sum())
         if isinstance(self.solver, SmoothedLBFGS):
-            self.log("train/eps", self.solver.eps)
+            self.log("train/eps", self.solver.eps.max())
         if bool(info.converged.all()):
             self.trainer.should_stop = True
 
@@ -260,12 +329,12 @@ class StructuredLearner(L.LightningModule):
         report.update({k: _plain(getattr(info, k)) for k in ("primal", "dual", "gap", "relative_gap", "converged")})
         report["tol"] = self.hparams.tol
         if isinstance(self.solver, SmoothedLBFGS):
-            report.update(iterations=self.solver.iterations, eps=self.solver.eps)
+            report.update(iterations=self.solver.iterations, eps=_plain(self.solver.eps))
         return report
 
     def _solver_checkpoint(self) -> dict[str, Any] | None:
         if isinstance(self.solver, SmoothedLBFGS):
-            return {"kind": "lbfgs", "eps": self.solver.eps, "iterations": self.solver.iterations}
+            return {"kind": "lbfgs", "eps": self.solver.eps.tolist(), "iterations": self.solver.iterations}
         if isinstance(self.solver, BCFW):
             return {"kind": "bcfw", **{k: None if v is None else v.detach().cpu()
                                        for k, v in self.solver.state_dict().items()}}
@@ -275,7 +344,8 @@ class StructuredLearner(L.LightningModule):
         if state.get("kind") != self.solver_name:
             return  # trained with another solver: start this one afresh from the weights
         if isinstance(self.solver, SmoothedLBFGS):
-            self.solver.eps, self.solver.iterations = state["eps"], state["iterations"]
+            self.solver.eps = torch.as_tensor(state["eps"], dtype=self.solver.eps.dtype, device=self.solver.eps.device)
+            self.solver.iterations = state["iterations"]
         else:
             self.solver.load_state_dict({k: None if v is None else v.to(self.device)
                                          for k, v in state.items() if k != "kind"})
@@ -300,6 +370,8 @@ class StructuredLearner(L.LightningModule):
     def structure_weights(self) -> torch.Tensor | None:
         """Weight per edge of ``self.graph`` [E] shown in structure pictures (the energy's pairwise weights)."""
         w = self.energy.pairwise_weights()
+        if w is not None and self.num_models is not None:
+            w = w[int(self.selected_model)]
         return None if w is None else w.detach().float().cpu()
 
     def structure_summary(self) -> dict[str, Any]:
@@ -354,8 +426,16 @@ class StructuredLearner(L.LightningModule):
 
     # ------------------------------------------------------------------ prediction
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Predicted labels y_hat [B, n] for inputs x [B, D]."""
-        return self._predict(self.energy(x))
+        """Predicted labels y_hat [B, n] for inputs x [B, D] (a grid: by the selected model)."""
+        return self._predict(self.potentials(x))
+
+    def potentials(self, x: torch.Tensor) -> Potentials:
+        """The energy's potentials of x [B, D]; with a regularisation grid, the selected model's only."""
+        pot = self.energy(x)
+        if self.num_models is None:
+            return pot
+        m = int(self.selected_model)
+        return Potentials(pot.unary[m], pot.pairwise[m], pot.graph)
 
     # ------------------------------------------------------------------ Lightning hooks
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor | None:
@@ -394,6 +474,15 @@ class StructuredLearner(L.LightningModule):
         self._log_figure("test/per_label", self.per_label_figure())
 
     def on_train_end(self) -> None:
+        if self.certificate is not None and not bool(self.certificate.converged.all()):
+            rank_zero_warn(f"training stopped at max_epochs={self.trainer.max_epochs} before the certificate: "
+                           f"relative duality gap {float(self.certificate.relative_gap.max()):.2g} > model.tol="
+                           f"{self.hparams.tol:g}; raise trainer.max_epochs (or model.solver_iters) to reach it")
+        report = self.select_by_cv()
+        if report is not None and self.logger is not None and self.trainer.is_global_zero:
+            for l2, score in zip(report["l2"], report["scores"]):
+                self.logger.log_metrics({f"cv/{report['metric']}/l2={l2:g}": score}, step=self.global_step)
+            self.logger.log_metrics({"cv/chosen_l2": report["chosen_l2"]}, step=self.global_step)
         self._log_figure("structure", self.structure_figure())
 
     def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
@@ -430,6 +519,26 @@ def _training_tensors(trainer: L.Trainer | None) -> tuple[torch.Tensor, torch.Te
                            "that has `train_tensors` or a train dataloader of (x, y[, index]) batches")
     batches = list(loader)
     return torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+
+
+def _example_f1(y_hat: torch.Tensor, y: torch.Tensor) -> float:
+    both, size = (y_hat.bool() & y.bool()).sum(-1), y_hat.bool().sum(-1) + y.bool().sum(-1)
+    return float(torch.where(size > 0, 2.0 * both / size.clamp_min(1), torch.ones_like(size, dtype=torch.float)).mean())
+
+
+#: name -> metric(y_hat [N, n], y [N, n]) -> float: the cross-validation criteria of a regularisation grid
+CV_METRICS: dict[str, Callable[[torch.Tensor, torch.Tensor], float]] = {
+    "hamming_acc": lambda y_hat, y: float((y_hat == y).float().mean()),
+    "subset_acc": lambda y_hat, y: float((y_hat == y).all(-1).float().mean()),
+    "example_f1": _example_f1,
+}
+
+
+def _check_l2(l2: Any) -> list[float]:
+    values = list(l2) if isinstance(l2, (list, tuple)) or hasattr(l2, "__iter__") and not isinstance(l2, str) else [l2]
+    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in values):
+        raise ValueError(f"l2 must be a number > 0 or a non-empty list of them, got {l2!r}")
+    return [float(v) for v in values]
 
 
 def _plain(t: torch.Tensor) -> float | bool | list:

@@ -23,7 +23,7 @@ class Independent(StructuredLearner):
 
     def build_energy(self) -> FinleyJoachimsEnergy:
         n = self.hparams.num_labels
-        return FinleyJoachimsEnergy(self.hparams.num_features, n, Graph.empty(n))
+        return FinleyJoachimsEnergy(self.hparams.num_features, n, Graph.empty(n), num_models=self.num_models)
 
 
 class FixedTree(StructuredLearner):
@@ -53,7 +53,7 @@ class FixedTree(StructuredLearner):
         graph = Graph.complete(n) if self._edges is None else Graph(n, self._edges)
         if not graph.is_forest and self._edges is not None:
             raise ValueError(f"FixedTree needs a tree or forest over the labels, got edges {self._edges.tolist()}")
-        return FinleyJoachimsEnergy(self.hparams.num_features, n, graph)
+        return FinleyJoachimsEnergy(self.hparams.num_features, n, graph, num_models=self.num_models)
 
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         if self._edges is not None:
@@ -106,7 +106,7 @@ class Full(StructuredLearner):
 
     def build_energy(self) -> FinleyJoachimsEnergy:
         n = self.hparams.num_labels
-        return FinleyJoachimsEnergy(self.hparams.num_features, n, Graph.complete(n))
+        return FinleyJoachimsEnergy(self.hparams.num_features, n, Graph.complete(n), num_models=self.num_models)
 
     def smoothed_max(self) -> SmoothedMax:
         """The smoothed LP relaxation (cold start, ``predict_iters`` sweeps): certifies the LP-relaxed hinge."""

@@ -1,4 +1,5 @@
-"""Full-batch L-BFGS (strong Wolfe line search) for smooth convex objectives, e.g. CRF NLL + l2."""
+"""Full-batch L-BFGS for smooth convex objectives (e.g. CRF NLL + l2): ``lbfgs_solve`` (torch.optim.LBFGS,
+strong Wolfe) and ``BatchedLBFGS`` (M separable problems, per-model memory and line search)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["LBFGSInfo", "lbfgs_solve"]
+__all__ = ["BatchedLBFGS", "LBFGSInfo", "lbfgs_solve"]
 
 
 @dataclass
@@ -75,3 +76,104 @@ def lbfgs_solve(objective: Callable[[], torch.Tensor], params: list[torch.Tensor
         vals, gn = per_model()
     return LBFGSInfo(objective=vals, grad_norm=gn, initial_grad_norm=g0, converged=gn <= tol * g0,
                      iterations=int(done))
+
+
+class BatchedLBFGS:
+    """L-BFGS on M independent problems at once: ``objective()`` returns [M] values of a separable
+    objective whose model m owns slice m of every parameter (leading [M] dim; no model dim for M = 1).
+    Every model keeps its own curvature pairs and takes its own backtracking (Armijo) step along its
+    own direction, so a regularisation grid converges as fast as its slowest member alone; one
+    evaluation of the objective serves all models.
+
+    Args:
+        params: leaf tensors requiring grad, updated in place.
+        objective: closure recomputing the [M] values from ``params``.
+        num_models: M, or None (parameters without a model dim).
+        history_size: curvature pairs kept per model.
+    """
+
+    def __init__(self, params: list[torch.Tensor], objective: Callable[[], torch.Tensor],
+                 num_models: int | None = None, history_size: int = 20) -> None:
+        self.params, self.objective, self.history_size = params, objective, history_size
+        self.M = 1 if num_models is None else num_models
+        self.sizes = [p[0].numel() if num_models is not None else p.numel() for p in params]
+        ref = params[0]
+        self.S: list[torch.Tensor] = []  # [M, P] each
+        self.Y: list[torch.Tensor] = []
+        self.rho: list[torch.Tensor] = []  # [M]; 0 = no pair for that model
+        self.gamma = torch.ones(self.M, dtype=ref.dtype, device=ref.device)  # initial Hessian scale
+        self.fresh = torch.ones(self.M, dtype=torch.bool, device=ref.device)  # no curvature yet: short first step
+        self.value, self.grad = self._evaluate()
+
+    def _flat(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(self.M, -1) for p in self.params], 1)
+
+    def _set(self, X: torch.Tensor) -> None:
+        with torch.no_grad():
+            for p, chunk in zip(self.params, X.split(self.sizes, 1)):
+                p.copy_(chunk.reshape(p.shape))
+
+    def _evaluate(self) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.enable_grad():
+            value = self.objective().reshape(self.M)
+            grads = torch.autograd.grad(value.sum(), self.params, allow_unused=True)
+        flat = [torch.zeros(self.M, n, dtype=value.dtype, device=value.device) if g is None else g.reshape(self.M, -1)
+                for g, n in zip(grads, self.sizes)]
+        return value.detach(), torch.cat(flat, 1)
+
+    def reset(self, which: torch.Tensor) -> None:
+        """Forget the curvature pairs of the models where ``which`` [M] (e.g. after their objective changed)."""
+        for rho in self.rho:
+            rho[which] = 0.0
+        self.gamma[which] = 1.0
+        self.fresh |= which
+        self.value, self.grad = self._evaluate()
+
+    def _direction(self, g: torch.Tensor) -> torch.Tensor:
+        """-H g by the two-loop recursion, per model."""
+        q, alphas = g.clone(), []
+        for s, y, rho in zip(reversed(self.S), reversed(self.Y), reversed(self.rho)):
+            a = rho * (s * q).sum(1)
+            q -= a[:, None] * y
+            alphas.append(a)
+        r = self.gamma[:, None] * q
+        for s, y, rho, a in zip(self.S, self.Y, self.rho, reversed(alphas)):
+            r += s * (a - rho * (y * r).sum(1))[:, None]
+        return -r
+
+    def step(self, active: torch.Tensor | None = None, max_backtracks: int = 30) -> torch.Tensor:
+        """One iteration for the models where ``active`` [M] (default all); the others do not move.
+        Returns bool [M]: the active models whose line search found no decrease (converged to rounding,
+        or stalled): stepping them again is wasted work."""
+        active = torch.ones(self.M, dtype=torch.bool, device=self.gamma.device) if active is None else active
+        g, f0, X0 = self.grad, self.value, self._flat()
+        d = self._direction(g)
+        slope = (d * g).sum(1)
+        uphill = slope >= 0
+        d = torch.where(uphill[:, None], -g, d)
+        slope = torch.where(uphill, -(g * g).sum(1), slope)
+        t = torch.where(self.fresh | uphill, (1.0 / g.abs().sum(1).clamp_min(1e-300)).clamp(max=1.0), 1.0)
+        t = torch.where(active & (slope < 0), t, 0.0)
+        for _ in range(max_backtracks):
+            self._set(X0 + t[:, None] * d)
+            f, G = self._evaluate()
+            ok = (f <= f0 + 1e-4 * t * slope) | (t == 0)
+            if bool(ok.all()):
+                break
+            t = torch.where(ok, t, 0.5 * t)
+        else:
+            t = torch.where(ok, t, 0.0)
+            self._set(X0 + t[:, None] * d)
+            f, G = self._evaluate()
+        s, y = t[:, None] * d, G - g
+        sy, yy = (s * y).sum(1), (y * y).sum(1)
+        valid = (t > 0) & (sy > 1e-10 * yy)
+        self.S.append(s)
+        self.Y.append(y)
+        self.rho.append(torch.where(valid, 1.0 / sy.clamp_min(1e-300), 0.0))
+        if len(self.S) > self.history_size:
+            del self.S[0], self.Y[0], self.rho[0]
+        self.gamma = torch.where(valid, sy / yy.clamp_min(1e-300), self.gamma)
+        self.fresh &= ~valid
+        self.value, self.grad = f, G
+        return active & (t == 0)

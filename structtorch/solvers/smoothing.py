@@ -36,22 +36,29 @@ from ..energies import Energy
 from ..inference import smoothed_lp, tree_logz, tree_map
 from ..potentials import Potentials
 from .bcfw import GapInfo, _check_lam, _check_mask, one_hot_marginals
+from .lbfgs import BatchedLBFGS
 
 __all__ = ["SmoothedLBFGS", "SmoothedMax", "lp_smoothed_max", "tree_smoothed_max"]
 
-#: (Potentials [*B], eps) -> differentiable smoothed max [*B] >= max_y score(y); its gradient is marginals
-SmoothedMax = Callable[[Potentials, float], torch.Tensor]
+#: (Potentials [M, N], eps [M, 1]) -> differentiable smoothed max [M, N] >= max_y score(y), each model at its
+#: own temperature; its gradient w.r.t. the potentials is the marginals
+SmoothedMax = Callable[[Potentials, torch.Tensor], torch.Tensor]
 
 
-def tree_smoothed_max(pot: Potentials, eps: float) -> torch.Tensor:
-    """eps * log sum_y exp(score(y) / eps) [*B] on a tree or forest (exact)."""
-    return eps * tree_logz(Potentials(pot.unary / eps, pot.pairwise / eps, pot.graph))
+def tree_smoothed_max(pot: Potentials, eps: torch.Tensor) -> torch.Tensor:
+    """eps * log sum_y exp(score(y) / eps) [M, N] on a tree or forest (exact); eps [M, 1]."""
+    e = eps[..., None, None]
+    return eps * tree_logz(Potentials(pot.unary / e, pot.pairwise / e[..., None], pot.graph))
 
 
 def lp_smoothed_max(iters: int = 100, tol: float | None = 1e-6) -> SmoothedMax:
     """The entropy-smoothed LP relaxation (``smoothed_lp``, any graph), cold-started, as a SmoothedMax."""
-    def smax(pot: Potentials, eps: float) -> torch.Tensor:
-        return smoothed_lp(pot, eps, iters, tol=None if tol is None else tol * eps).value
+    def smax(pot: Potentials, eps: torch.Tensor) -> torch.Tensor:
+        values = []
+        for m, e in enumerate(eps[:, 0].tolist()):  # smoothed_lp takes one temperature
+            one = Potentials(pot.unary[m], pot.pairwise[m], pot.graph)
+            values.append(smoothed_lp(one, e, iters, tol=None if tol is None else tol * e).value)
+        return torch.stack(values)
     return smax
 
 
@@ -121,16 +128,12 @@ class SmoothedLBFGS:
         self.m_u, self.m_p = one_hot_marginals(self.y, energy.graph, K, ref.dtype)  # [N, n, K], [N, E, K, K]
         self.delta = margin_scale * (1.0 - self.m_u)
         self.fixed_eps = eps is not None
-        self.eps = float(eps) if self.fixed_eps else float(margin_scale)
-        self.history_size = history_size
+        self.eps = torch.full_like(self.lam, float(eps) if self.fixed_eps else float(margin_scale))  # [M]
         self.iterations = 0
         self.last: GapInfo | None = None
-        self._new_optimizer()
+        self.opt = BatchedLBFGS(self.params, self.objective, self.num_models, history_size)
 
     # ------------------------------------------------------------------ objective
-    def _new_optimizer(self) -> None:
-        self.opt = torch.optim.LBFGS(self.params, lr=1.0, max_iter=1, history_size=self.history_size,
-                                     tolerance_grad=0.0, tolerance_change=0.0, line_search_fn="strong_wolfe")
 
     def _lift(self, pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
         """unary [M, N, n, K], pairwise [M, N or 1, E, K, K] with an explicit model dim."""
@@ -156,25 +159,18 @@ class SmoothedLBFGS:
     def objective(self) -> torch.Tensor:
         """The smoothed objective [M] at the current eps (differentiable)."""
         U, P = self._lift(self.energy(self.x))
-        value = self.smoothed_max(Potentials(U + self.delta, P, self.energy.graph), self.eps)
+        value = self.smoothed_max(Potentials(U + self.delta, P, self.energy.graph), self.eps[:, None])
         return self.regularizer() + self._mean(value - self._score(U, P))
 
     def run(self, iterations: int) -> None:
-        """Up to ``iterations`` L-BFGS iterations (strong Wolfe) on the smoothed objective, in one
-        ``LBFGS.step`` (its curvature pairs and step length carry over between calls)."""
-        def closure() -> torch.Tensor:
-            self.opt.zero_grad()
-            value = self.objective().sum()
-            value.backward()
-            return value
-        group = self.opt.param_groups[0]
-        group["max_iter"], group["max_eval"] = iterations, iterations * 5 // 4
-        state = self.opt.state[self.opt._params[0]]
-        before = state.get("n_iter", 0)
-        start = float(self.opt.step(closure).detach().sum())
-        self.iterations += max(1, state.get("n_iter", 0) - before)
-        if not float(self.objective().detach().sum()) < start:
-            self._new_optimizer()  # no progress (a failed line search): restart from steepest descent
+        """Up to ``iterations`` L-BFGS iterations on the smoothed objective; models already certified stay
+        put, and models whose line search stalls wait for the next ``certify`` (which lowers eps)."""
+        active = torch.ones_like(self.eps, dtype=torch.bool) if self.last is None else ~self.last.converged
+        for _ in range(iterations):
+            if not bool(active.any()):
+                break  # every model certified or stalled at this temperature: time to certify again
+            active &= ~self.opt.step(active)
+            self.iterations += 1
         if self.energy is not self.target:
             with torch.no_grad():
                 for p, q in zip(self.target.parameters(), self.params):
@@ -189,7 +185,7 @@ class SmoothedLBFGS:
         Ud = U.detach().requires_grad_()
         Pd = P.detach().expand(U.shape[0], U.shape[1], *P.shape[2:]).clone().requires_grad_()
         aug = Potentials(Ud + self.delta, Pd, graph)
-        value = self.smoothed_max(aug, self.eps)
+        value = self.smoothed_max(aug, self.eps[:, None])
         mu_u, mu_p = torch.autograd.grad(value.sum(), (Ud, Pd))
         weight = self.mask / (self.lam * self.count)[:, None]
         inner = (U * (self.m_u - mu_u)).sum((-1, -2)) + (P * (self.m_p - mu_p)).sum((-1, -2, -3))
@@ -210,26 +206,30 @@ class SmoothedLBFGS:
             self.last = GapInfo(primal=primal, dual=dual, gap=gap, relative_gap=rel, converged=converged)
             if not self.fixed_eps and not bool(converged.all()):
                 entropy = value - (aug.unary * mu_u).sum((-1, -2)) - (Pd * mu_p).sum((-1, -2, -3))  # eps H(mu_i)
-                self._lower_eps(gap[~converged], primal[~converged], self._mean(entropy)[~converged])
+                self._lower_eps(gap, primal, self._mean(entropy), ~converged)
         return self.last
 
-    def _lower_eps(self, gap: torch.Tensor, primal: torch.Tensor, smoothing: torch.Tensor) -> None:
-        """Continuation on the temperature, per unconverged model: gap, primal and the smoothing term
-        eps/N sum_i H(mu_i) [M'] (the gap at the smoothed optimum is below it). Where that term is at
-        least half the gap (the smoothed problem is nearly solved), eps shrinks 2-10x towards the eps
-        whose smoothing term would be tol/2 of the primal."""
-        limited = smoothing >= 0.5 * gap
-        if not bool(limited.any()):
+    def _lower_eps(self, gap: torch.Tensor, primal: torch.Tensor, smoothing: torch.Tensor, open_: torch.Tensor
+                   ) -> None:
+        """Continuation on each model's temperature: gap, primal and the smoothing term eps/N sum_i H(mu_i)
+        [M] (the gap at the smoothed optimum is below it); ``open_`` [M]: models not yet certified. Where
+        that term is at least half the gap (the smoothed problem is nearly solved), eps shrinks 2-10x
+        towards the eps whose smoothing term would be tol/2 of the primal, and that model's L-BFGS memory
+        is dropped (its objective changed)."""
+        lower = open_ & (smoothing >= 0.5 * gap)
+        if not bool(lower.any()):
             return
         aim = 0.5 * self.tol * primal.abs() / smoothing.clamp_min(torch.finfo(gap.dtype).tiny)
-        self.eps *= float(aim[limited].clamp(0.1, 0.5).min())
-        self._new_optimizer()  # a new objective: curvature pairs of the old one can stall the line search
+        self.eps = torch.where(lower, self.eps * aim.clamp(0.1, 0.5), self.eps)
+        self.opt.reset(lower)
 
     def fit(self, max_iter: int = 10000, check_every: int = 20) -> GapInfo:
         """Run until every model is certified (relative gap <= tol) or ``max_iter`` iterations."""
-        info = self.certify()
-        while not bool(info.converged.all()) and self.iterations < max_iter:
+        info, idle = self.certify(), 0
+        while not bool(info.converged.all()) and self.iterations < max_iter and idle < 2:
+            before = self.iterations
             self.run(min(check_every, max_iter - self.iterations))
+            idle = idle + 1 if self.iterations == before else 0  # stalled even after a new temperature: give up
             info = self.certify()
         return info
 
