@@ -2,7 +2,7 @@
 beside sklearn's ensemble of classifier chains measured in the same run.
 
     python experiments/baselines_mulan.py [--datasets scene emotions yeast] [--models independent fixed_tree full]
-                                          [--grid 0.001 0.01 0.1 1] [--folds 5] [--no-ecc]
+                                          [--grid 0.01 0.03 0.1 0.3 1] [--folds 5] [--no-ecc]
 
 Each structtorch row is ONE run of the CLI code path (``structtorch.train.run`` on a composed Hydra
 config) with ``model.l2=[grid]``: every lambda and every CV fold trained as one batched model by the
@@ -91,7 +91,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", nargs="+", default=["scene", "emotions", "yeast"])
     ap.add_argument("--models", nargs="+", default=["independent", "fixed_tree", "full"])
-    ap.add_argument("--grid", nargs="+", type=float, default=[0.001, 0.01, 0.1, 1.0])
+    ap.add_argument("--grid", nargs="+", type=float, default=[0.01, 0.03, 0.1, 0.3, 1.0])
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--no-ecc", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "experiments/results/baselines_mulan"))

@@ -4,8 +4,9 @@
                                     [--data emotions] [--root ../shared/data/mulan]
                                     [--out scripts/results/bench_threads.json]
 
-Every run is a fresh ``python -m structtorch.train model=M data=D logger=none trainer.num_threads=N``
-subprocess (N = 1, or null for torch's default), in its own temporary Hydra run directory; the
+Every run is a fresh ``python -m structtorch.train model=M data=D logger=none model.solver=adam
+trainer.num_threads=N`` subprocess (N = 1, or null for torch's default; the minibatch gradient path,
+a fixed number of epochs, so both sides do the same work), in its own temporary Hydra run directory; the
 time is the run's ``train_seconds`` from its metrics.json (fit only: no interpreter start-up,
 data loading or test). The runs of one model alternate 1 / default so that background load
 hits both alike; the table shows the best (min) of --repeats, the spread (max / min) of each
@@ -34,7 +35,7 @@ def train_seconds(model: str, data: str, root: str, epochs: int, threads: int | 
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "structtorch.train", f"model={model}", f"data={data}", f"data.root={root}",
-               "logger=none", f"trainer.max_epochs={epochs}", "trainer.enable_progress_bar=false",
+               "logger=none", "model.solver=adam", f"trainer.max_epochs={epochs}", "trainer.enable_progress_bar=false",
                "trainer.enable_checkpointing=false", "test=false",
                f"trainer.num_threads={'null' if threads is None else threads}", f"hydra.run.dir={out}"]
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
