@@ -33,7 +33,7 @@ class ModelConfig:
     lr_schedule: str = "cosine"
     tol: float = 1e-3  # relative duality gap at which a certified solver stops
     bias_reg: float = 1e-4
-    solver_iters: int = 100
+    solver_iters: int = 200
     margin_scale: float = 1.0
 
 

@@ -101,7 +101,7 @@ class StructuredLearner(L.LightningModule):
         lr_schedule: str = "cosine",
         tol: float = 1e-3,
         bias_reg: float = 1e-4,
-        solver_iters: int = 100,
+        solver_iters: int = 200,
         cv_folds: int = 5,
         cv_metric: str = "hamming_acc",
         margin_scale: float = 1.0,
