@@ -79,7 +79,8 @@ def run_ecc(data: str, folds: int) -> dict:
     C = ECC_C[int(np.argmax(cv))]
     h, s, f = scores(ecc_predict(ecc(x, y, C), xt), yt)
     return {"dataset": data, "model": "sklearn ECC", "chosen l2 / C": C, "CV curve": _curve(ECC_C, cv),
-            "hamming_acc": round(h, 2), "subset_acc": round(s, 2), "example_f1": round(f, 2), "gap": "",
+            "hamming_acc": round(float(h), 2), "subset_acc": round(float(s), 2), "example_f1": round(float(f), 2),
+            "gap": "",
             "train s": round(time.perf_counter() - t0, 1)}
 
 

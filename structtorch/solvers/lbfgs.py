@@ -127,6 +127,10 @@ class BatchedLBFGS:
             rho[which] = 0.0
         self.gamma[which] = 1.0
         self.fresh |= which
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-evaluate the objective and gradient at the current parameters (after the objective changed)."""
         self.value, self.grad = self._evaluate()
 
     def _direction(self, g: torch.Tensor) -> torch.Tensor:

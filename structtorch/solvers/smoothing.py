@@ -131,6 +131,7 @@ class SmoothedLBFGS:
         self.eps = torch.full_like(self.lam, float(eps) if self.fixed_eps else float(margin_scale))  # [M]
         self.iterations = 0
         self.last: GapInfo | None = None
+        self.evaluated = torch.ones_like(self.lam, dtype=torch.bool)  # models whose objective is computed
         self.opt = BatchedLBFGS(self.params, self.objective, self.num_models, history_size)
 
     # ------------------------------------------------------------------ objective
@@ -157,15 +158,26 @@ class SmoothedLBFGS:
         return (per_example * self.mask).sum(1) / self.count
 
     def objective(self) -> torch.Tensor:
-        """The smoothed objective [M] at the current eps (differentiable)."""
+        """The smoothed objective [M] at the current eps (differentiable). Only the models in
+        ``self.evaluated`` [M] run the (costly) smoothed max; the others get their data term without it
+        (their values are placeholders: they are not moving)."""
         U, P = self._lift(self.energy(self.x))
-        value = self.smoothed_max(Potentials(U + self.delta, P, self.energy.graph), self.eps[:, None])
+        on = self.evaluated
+        if bool(on.all()):
+            value = self.smoothed_max(Potentials(U + self.delta, P, self.energy.graph), self.eps[:, None])
+        else:
+            value = U.new_zeros(U.shape[:2])
+            some = self.smoothed_max(Potentials(U[on] + self.delta, P[on], self.energy.graph), self.eps[on, None])
+            value = value.index_put((on.nonzero()[:, 0],), some)
         return self.regularizer() + self._mean(value - self._score(U, P))
 
     def run(self, iterations: int) -> None:
         """Up to ``iterations`` L-BFGS iterations on the smoothed objective; models already certified stay
         put, and models whose line search stalls wait for the next ``certify`` (which lowers eps)."""
         active = torch.ones_like(self.eps, dtype=torch.bool) if self.last is None else ~self.last.converged
+        if not torch.equal(active, self.evaluated):  # certified models drop out of the evaluations
+            self.evaluated = active.clone()
+            self.opt.refresh()
         for _ in range(iterations):
             if not bool(active.any()):
                 break  # every model certified or stalled at this temperature: time to certify again
