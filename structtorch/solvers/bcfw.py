@@ -218,7 +218,7 @@ class BCFW:
         """One block update on a batch: x [B, D], y [B, n] long, index [B] long (distinct example ids)."""
         pot = self.energy(x)
         y, index = self._check_batch(pot, x, y, index)
-        U, P = self._lift(pot)
+        U, P = lift_models(pot, self.num_models)
         self._ensure_state(U.shape[-1])
         with torch.no_grad():
             d_u, d_p, gaps, hinge, delta = self._terms(U.detach(), P.detach(), y, index)
@@ -305,7 +305,7 @@ class BCFW:
         with torch.no_grad():
             pot = self.energy(x)
             y, index = self._check_batch(pot, x, y, index)
-            U, P = self._lift(pot)
+            U, P = lift_models(pot, self.num_models)
             self._ensure_state(U.shape[-1])
             return self._terms(U, P, y, index)[2].sum(-1)
 
@@ -323,7 +323,7 @@ class BCFW:
             x, y, index = batch[0], batch[1], batch[2]
             pot = self.energy(x)
             y, index = self._check_batch(pot, x, y, index)
-            U, P = self._lift(pot)
+            U, P = lift_models(pot, self.num_models)
             self._ensure_state(U.shape[-1])
             nu_u, nu_p = self.nu_unary[index].movedim(1, 0), self.nu_pair[index].movedim(1, 0)
             surrogate = self.scale * ((U * nu_u).sum((1, 2, 3)) + (P * nu_p).sum((1, 2, 3, 4)))
@@ -372,15 +372,6 @@ class BCFW:
         return self.duality_gap(full) if info is None or bool(self.active.any()) else info
 
     # ------------------------------------------------------------------ helpers
-    def _lift(self, pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
-        """unary [M, B, n, K], pairwise [M, B or 1, E, K, K] with an explicit model dim."""
-        U, P = pot.unary, pot.pairwise
-        if self.num_models is None:
-            U = U.unsqueeze(0)
-        while P.dim() < 5:
-            P = P.unsqueeze(0)
-        return U, P
-
     def _check_batch(self, pot: Potentials, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         B = x.shape[0]
@@ -416,6 +407,17 @@ class BCFW:
     def _per_param(self, t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """Per-model step t [M] shaped to broadcast against parameter p."""
         return t[0] if self.num_models is None else t.view(-1, *([1] * (p.dim() - 1)))
+
+
+def lift_models(pot: Potentials, num_models: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """unary [M, B, n, K], pairwise [M, B or 1, E, K, K] with an explicit model dim (M = 1 when num_models
+    is None) from the potentials of an energy with ``num_models``."""
+    U, P = pot.unary, pot.pairwise
+    if num_models is None:
+        U = U.unsqueeze(0)
+    while P.dim() < 5:
+        P = P.unsqueeze(0)
+    return U, P
 
 
 def _gauss_seidel(A: torch.Tensor, g: torch.Tensor, ok: torch.Tensor, sweeps: int) -> torch.Tensor:

@@ -35,7 +35,7 @@ import torch
 from ..energies import Energy
 from ..inference import smoothed_lp, tree_logz, tree_map
 from ..potentials import Potentials
-from .bcfw import GapInfo, _check_lam, _check_mask, one_hot_marginals
+from .bcfw import GapInfo, _check_lam, _check_mask, lift_models, one_hot_marginals
 from .lbfgs import BatchedLBFGS
 
 __all__ = ["SmoothedLBFGS", "SmoothedMax", "lp_smoothed_max", "tree_smoothed_max"]
@@ -136,15 +136,6 @@ class SmoothedLBFGS:
 
     # ------------------------------------------------------------------ objective
 
-    def _lift(self, pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
-        """unary [M, N, n, K], pairwise [M, N or 1, E, K, K] with an explicit model dim."""
-        U, P = pot.unary, pot.pairwise
-        if self.num_models is None:
-            U = U.unsqueeze(0)
-        while P.dim() < 5:
-            P = P.unsqueeze(0)
-        return U, P
-
     def regularizer(self) -> torch.Tensor:
         """lambda/2 |w|_R^2 [M]."""
         return 0.5 * self.lam * self._per_model([p.pow(2) * r for p, r in zip(self.params, self._reg_weight)])
@@ -161,7 +152,7 @@ class SmoothedLBFGS:
         """The smoothed objective [M] at the current eps (differentiable). Only the models in
         ``self.evaluated`` [M] run the (costly) smoothed max; the others get their data term without it
         (their values are placeholders: they are not moving)."""
-        U, P = self._lift(self.energy(self.x))
+        U, P = lift_models(self.energy(self.x), self.num_models)
         on = self.evaluated
         if bool(on.all()):
             value = self.smoothed_max(Potentials(U + self.delta, P, self.energy.graph), self.eps[:, None])
@@ -193,7 +184,7 @@ class SmoothedLBFGS:
         """The duality gap [M] at the current parameters; lowers eps (continuation) where the gap is within
         twice the smoothing term. Sets ``self.last``."""
         graph = self.energy.graph
-        U, P = self._lift(self.energy(self.x))
+        U, P = lift_models(self.energy(self.x), self.num_models)
         Ud = U.detach().requires_grad_()
         Pd = P.detach().expand(U.shape[0], U.shape[1], *P.shape[2:]).clone().requires_grad_()
         aug = Potentials(Ud + self.delta, Pd, graph)
