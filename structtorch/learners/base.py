@@ -26,7 +26,7 @@ from ..energies import Energy
 from ..graph import Graph
 from ..inference import tree_map
 from ..losses import crf_nll, map_value, structured_hinge
-from ..metrics import PerLabelCounts, multilabel_metrics
+from ..metrics import ExampleF1, HammingAccuracy, PerLabelCounts, SubsetAccuracy, multilabel_metrics
 from ..plots import close_figure, per_label_figure, structure_figure
 from ..potentials import Potentials
 from ..solvers import BCFW, GapInfo, Oracle, SmoothedLBFGS, SmoothedMax, tree_oracle, tree_smoothed_max
@@ -260,7 +260,7 @@ class StructuredLearner(L.LightningModule):
             y_hat = torch.cat([self._predict(self.energy(x[i].to(self.device, dtype))).cpu()
                                for i in torch.arange(len(x)).split(1024)], -2)  # [M, N, n]
         for g in range(len(self.l2_grid)):
-            per_fold = [CV_METRICS[hp.cv_metric](y_hat[g * (k + 1) + f][fold == f], y[fold == f]) for f in range(k)]
+            per_fold = [_cv_score(hp.cv_metric, y_hat[g * (k + 1) + f][fold == f], y[fold == f]) for f in range(k)]
             scores.append(sum(per_fold) / k)
         best = max(range(len(scores)), key=lambda g: (scores[g], self.l2_grid[g]))  # ties: the stronger l2
         self.selected_model.fill_(self._full_model(best))
@@ -521,21 +521,19 @@ def _training_tensors(trainer: L.Trainer | None) -> tuple[torch.Tensor, torch.Te
     return torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
 
 
-def _example_f1(y_hat: torch.Tensor, y: torch.Tensor) -> float:
-    both, size = (y_hat.bool() & y.bool()).sum(-1), y_hat.bool().sum(-1) + y.bool().sum(-1)
-    return float(torch.where(size > 0, 2.0 * both / size.clamp_min(1), torch.ones_like(size, dtype=torch.float)).mean())
+#: name -> the metric class of ``structtorch.metrics`` that scores a regularisation grid's held-out folds
+CV_METRICS: dict[str, type] = {"hamming_acc": HammingAccuracy, "subset_acc": SubsetAccuracy, "example_f1": ExampleF1}
 
 
-#: name -> metric(y_hat [N, n], y [N, n]) -> float: the cross-validation criteria of a regularisation grid
-CV_METRICS: dict[str, Callable[[torch.Tensor, torch.Tensor], float]] = {
-    "hamming_acc": lambda y_hat, y: float((y_hat == y).float().mean()),
-    "subset_acc": lambda y_hat, y: float((y_hat == y).all(-1).float().mean()),
-    "example_f1": _example_f1,
-}
+def _cv_score(name: str, y_hat: torch.Tensor, y: torch.Tensor) -> float:
+    """The ``CV_METRICS[name]`` value of predictions y_hat [N, n] against labels y [N, n]."""
+    metric = CV_METRICS[name]()
+    metric.update(y_hat, y)
+    return float(metric.compute())
 
 
 def _check_l2(l2: Any) -> list[float]:
-    values = list(l2) if isinstance(l2, (list, tuple)) or hasattr(l2, "__iter__") and not isinstance(l2, str) else [l2]
+    values = [l2] if isinstance(l2, (int, float, str)) else list(l2)  # a number, or a list / ListConfig
     if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in values):
         raise ValueError(f"l2 must be a number > 0 or a non-empty list of them, got {l2!r}")
     return [float(v) for v in values]
