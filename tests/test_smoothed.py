@@ -347,11 +347,31 @@ def test_cuda_matches_cpu():
     assert lp.value.device.type == "cuda" and lp.assignment.device.type == "cuda"
 
 
+def test_per_problem_eps_equals_one_call_per_eps():
+    """A tensor eps [*B] (one temperature per problem, as for a regularisation grid) gives each
+    problem exactly what a call with its own scalar eps gives, value, gradient and messages."""
+    rng = np.random.default_rng(7)
+    g = random_graph(5, 0.8, rng)
+    u = torch.as_tensor(rng.normal(size=(3, 2, 5, 2))).requires_grad_()
+    p = torch.as_tensor(rng.normal(size=(3, 2, g.num_edges, 2, 2))).requires_grad_()
+    eps = torch.tensor([[0.05], [0.3], [1.0]], dtype=F64)  # [3, 1] broadcast over the second batch dim
+    res = smoothed_lp(Potentials(u, p, g), eps=eps, iters=40)
+    res.value.sum().backward()
+    for m in range(3):
+        one = smoothed_lp(Potentials(u[m].detach(), p[m].detach(), g), eps=float(eps[m]), iters=40)
+        assert torch.allclose(one.value, res.value[m])
+        assert torch.allclose(one.messages, res.messages[m])
+        assert torch.allclose(one.unary, u.grad[m]) and torch.allclose(one.pairwise, p.grad[m])
+
+
 # ---------------------------------------------------------------------- bad input
 def test_bad_inputs():
     g = Graph.complete(4)
     pot = Potentials(torch.randn(2, 4, 3), torch.randn(2, 6, 3, 3), g)
     for eps in (0, -1.0, math.nan, math.inf, None, True):
+        with pytest.raises(ValueError, match="eps"):
+            smoothed_lp(pot, eps=eps, iters=1)
+    for eps in (torch.tensor([0.1, 0.0]), torch.tensor([0.1, math.nan]), torch.ones(3)):
         with pytest.raises(ValueError, match="eps"):
             smoothed_lp(pot, eps=eps, iters=1)
     for iters in (-1, 1.5, None, False):

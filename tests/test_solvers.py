@@ -14,7 +14,7 @@ from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy
 from structtorch.graph import Graph
 from structtorch.inference import lp_map
 from structtorch.losses import crf_nll, hamming_augment
-from structtorch.solvers import BCFW, SmoothedLBFGS, lbfgs_solve, lp_smoothed_max, smoothed_oracle
+from structtorch.solvers import BCFW, LPSmoothedMax, SmoothedLBFGS, lbfgs_solve, smoothed_oracle
 
 MULAN = "/work/shared/data/mulan"
 
@@ -321,7 +321,7 @@ def test_smoothed_lbfgs_crf_reaches_scipy_optimum_with_a_certificate():
 def test_smoothed_lbfgs_on_a_loopy_graph_certifies_the_lp_relaxed_objective():
     x, y = chain_problem(n=4, N=30)
     energy = FinleyJoachimsEnergy(6, 4, Graph.complete(4)).double()
-    info = SmoothedLBFGS(energy, x, y, 0.1, smoothed_max=lp_smoothed_max(300, tol=1e-9), tol=1e-3).fit()
+    info = SmoothedLBFGS(energy, x, y, 0.1, smoothed_max=LPSmoothedMax(300, tol=1e-9), tol=1e-3).fit()
     assert bool(info.converged) and float(info.dual) <= float(info.primal)
     with torch.no_grad():  # the certified primal upper-bounds the exact LP-relaxed objective (scipy HiGHS)
         pot = energy(x)

@@ -212,10 +212,11 @@ def _safe_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.nan_to_num(_exp(x - _lse(x, dim).unsqueeze(dim)), nan=0.0)
 
 
-def _internal(unary: torch.Tensor, pair: torch.Tensor, masks: tuple | None, eps: float
+def _internal(unary: torch.Tensor, pair: torch.Tensor, masks: tuple | None, eps: float | torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """theta / eps with pruned states at -inf, internal layout: uT [n, K, B], pT [E, K, K, B]."""
-    u, p = unary / eps, pair / eps
+    """theta / eps (eps a float or [B, 1, 1]) with pruned states at -inf, internal layout: uT [n, K, B],
+    pT [E, K, K, B]."""
+    u, p = unary / eps, pair / (eps.unsqueeze(-1) if isinstance(eps, torch.Tensor) else eps)
     if masks is not None:
         u = u.masked_fill(~masks[0], -math.inf)
         p = p.masked_fill(~masks[1], -math.inf)
@@ -311,14 +312,28 @@ class _DualValue(torch.autograd.Function):
 
 
 # ---------------------------------------------------------------------- validation
-def _check_args(pot: Potentials, eps: float, iters: int, tol: float | None) -> None:
+def _check_eps(eps: float | torch.Tensor, pot: Potentials) -> float | torch.Tensor:
+    """eps as a float, or as a tensor [B] (flat batch) of per-problem temperatures."""
+    if isinstance(eps, torch.Tensor):
+        try:
+            flat = torch.broadcast_to(eps.detach(), pot.batch_shape).reshape(-1)
+        except RuntimeError:
+            raise ValueError(f"eps tensor of shape {list(eps.shape)} does not broadcast to the batch shape "
+                             f"{list(pot.batch_shape)}") from None
+        if not bool((torch.isfinite(flat) & (flat > 0)).all()):
+            raise ValueError("eps must be finite and > 0 everywhere")
+        return flat.to(device=pot.device, dtype=pot.dtype)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"eps must be a finite number > 0 (or a tensor of them), got {eps!r}")
+    return float(eps)
+
+
+def _check_args(pot: Potentials, iters: int, tol: float | None) -> None:
     if not isinstance(pot, Potentials):
         raise TypeError(f"smoothed_lp expects a structtorch.Potentials, got {type(pot).__name__}")
     if pot.graph.is_ensemble:
         raise ValueError("smoothed_lp needs a single graph (edges [E, 2]), got an ensemble; "
                          "run each member graph separately")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
     if isinstance(iters, bool) or not isinstance(iters, (int, np.integer)) or iters < 0:
         raise ValueError(f"iters must be an int >= 0, got {iters!r}")
     if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float))
@@ -343,16 +358,18 @@ def _init_messages(pot: Potentials, messages: torch.Tensor | None, B: int) -> to
 
 
 # ---------------------------------------------------------------------- public op
-def smoothed_lp(pot: Potentials, eps: float, iters: int, messages: torch.Tensor | None = None,
+def smoothed_lp(pot: Potentials, eps: float | torch.Tensor, iters: int, messages: torch.Tensor | None = None,
                 tol: float | None = None) -> SmoothedLPResult:
     """Entropy-smoothed LP relaxation of max_y score(y) by star-update block coordinate descent.
 
     pot: Potentials on any single graph; unary [*B, n, K], pairwise [*B, E, K, K].
-    eps: smoothing temperature > 0 (the entropy weight).
+    eps: smoothing temperature > 0 (the entropy weight): a float, or a tensor broadcastable to [*B]
+        (one temperature per problem, e.g. per model of a regularisation grid).
     iters: maximum number of sweeps (every node's star update once, colour by colour); 0 only
         evaluates the dual at ``messages``.
     messages: [*B, E, 2, K] warm start (``SmoothedLPResult.messages``), default zeros.
-    tol: stop after the first sweep whose dual decrease (max over the batch) is below tol.
+    tol: stop after the first sweep whose dual decrease in units of eps (max over the batch of
+        decrease / eps) is below tol.
 
     Returns a ``SmoothedLPResult``; ``value`` [*B] is the dual D(messages) (eq. 8), non-increasing
     in the sweeps, always >= the smoothed LP optimum >= max_y score(y), and within
@@ -360,8 +377,8 @@ def smoothed_lp(pot: Potentials, eps: float, iters: int, messages: torch.Tensor 
     pseudo-marginals at the returned messages (exact for these messages held fixed, hence for
     iters=0, and Danskin's gradient of the optimum at convergence); the loop keeps no autograd graph.
     """
-    _check_args(pot, eps, iters, tol)
-    eps = float(eps)
+    _check_args(pot, iters, tol)
+    eps = _check_eps(eps, pot)  # a float or [B]
     g = pot.graph
     batch, n, E, K = pot.batch_shape, g.num_nodes, g.num_edges, pot.num_states
     unary, pair = pot.expanded()
@@ -369,12 +386,13 @@ def smoothed_lp(pot: Potentials, eps: float, iters: int, messages: torch.Tensor 
     unary, pair = unary.reshape(B, n, K), pair.reshape(B, E, K, K)
     lam = _init_messages(pot, messages, B)
     sched = star_schedule(g, pot.device)
+    e3 = eps.view(B, 1, 1) if isinstance(eps, torch.Tensor) else eps
     with torch.no_grad():
         masks = _prune(unary.detach(), pair.detach(), g.edges.to(pot.device)) if B else None
-        uT, pT = _internal(unary.detach(), pair.detach(), masks, eps)
-        lamT = _to_internal(lam / eps, sched)
+        uT, pT = _internal(unary.detach(), pair.detach(), masks, e3)
+        lamT = _to_internal(lam / e3, sched)
         run = _solve(uT, pT, lamT, sched, int(iters), tol, guard=masks is not None)
-        lam = _to_external(lamT, sched) * eps
+        lam = _to_external(lamT, sched) * e3
     value, mu_u, mu_p = _DualValue.apply(unary, pair, uT, pT, lamT, sched, eps)
     y = mu_u.argmax(-1).reshape(*batch, n)
     return SmoothedLPResult(

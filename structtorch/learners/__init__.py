@@ -2,7 +2,9 @@
 
 from .base import TEST_INFERENCE, TRAIN_INFERENCE, StructuredLearner
 from .baselines import FixedTree, Full, Independent
+from .crank import CRANK
 
-LEARNERS = {"independent": Independent, "fixed_tree": FixedTree, "full": Full}
+LEARNERS = {"independent": Independent, "fixed_tree": FixedTree, "full": Full, "crank": CRANK}
 
-__all__ = ["LEARNERS", "TEST_INFERENCE", "TRAIN_INFERENCE", "FixedTree", "Full", "Independent", "StructuredLearner"]
+__all__ = ["CRANK", "LEARNERS", "TEST_INFERENCE", "TRAIN_INFERENCE", "FixedTree", "Full", "Independent",
+           "StructuredLearner"]

@@ -10,7 +10,7 @@ from ..graph import Graph
 from ..inference import lp_map, smoothed_lp
 from ..losses import check_loss_finite, hamming_augment
 from ..potentials import Potentials
-from ..solvers import Oracle, SmoothedMax, lp_smoothed_max, smoothed_oracle
+from ..solvers import LPSmoothedMax, Oracle, SmoothedMax, smoothed_oracle
 from ..state import ExampleState
 from ..structure.edge_scores import chow_liu_tree
 from .base import StructuredLearner
@@ -110,7 +110,7 @@ class Full(StructuredLearner):
 
     def smoothed_max(self) -> SmoothedMax:
         """The smoothed LP relaxation (cold start, ``predict_iters`` sweeps): certifies the LP-relaxed hinge."""
-        return lp_smoothed_max(self.hparams.predict_iters, tol=self.hparams.lp_tol)
+        return LPSmoothedMax(self.hparams.predict_iters, tol=self.hparams.lp_tol)
 
     def bcfw_oracle(self) -> Oracle:
         return smoothed_oracle(self.hparams.eps, self.hparams.predict_iters, tol=self.hparams.lp_tol * self.hparams.eps)

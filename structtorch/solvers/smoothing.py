@@ -5,7 +5,7 @@ Objective (the same primal as ``BCFW``; biases regularised with weight ``bias_re
     P(w) = lambda/2 (|W|^2 + rho |b|^2) + (1/N) sum_i [max_y (score(x_i, y; w) + Delta(y_i, y)) - score(x_i, y_i; w)].
 
 The max is replaced by its entropy-smoothed version eps * log sum_y exp((score + Delta) / eps)
-(``tree_smoothed_max``: exact on trees; ``lp_smoothed_max``: the smoothed LP relaxation on loopy
+(``tree_smoothed_max``: exact on trees; ``LPSmoothedMax``: the smoothed LP relaxation on loopy
 graphs), a smooth convex upper bound within eps * n log K of the max (Nesterov smoothing), which
 full-batch L-BFGS minimises fast. Its gradient w.r.t. the potentials are marginals mu_i, a point of
 the marginal (local) polytope, hence a dual point of the structured SVM, and
@@ -20,7 +20,7 @@ is <= tol. With a fixed ``eps`` (CRFs: eps = 1, margin_scale = 0) the solver min
 the smoothed objective itself and certifies it against its own dual (entropy included):
 D_eps(mu) = D(mu) + eps/N sum_i H(mu_i).
 
-Loopy graphs (``lp_smoothed_max``): the max is the LP relaxation's, so the certificate is for the
+Loopy graphs (``LPSmoothedMax``): the max is the LP relaxation's, so the certificate is for the
 LP-relaxed objective, and it holds up to the inner LP solver's convergence (its pseudo-marginals lie
 in the local polytope only at convergence).
 """
@@ -38,7 +38,7 @@ from ..potentials import Potentials
 from .bcfw import GapInfo, _check_lam, _check_mask, lift_models, one_hot_marginals
 from .lbfgs import BatchedLBFGS
 
-__all__ = ["SmoothedLBFGS", "SmoothedMax", "lp_smoothed_max", "tree_smoothed_max"]
+__all__ = ["SmoothedLBFGS", "SmoothedMax", "LPSmoothedMax", "tree_smoothed_max"]
 
 #: (Potentials [M, N], eps [M, 1]) -> differentiable smoothed max [M, N] >= max_y score(y), each model at its
 #: own temperature; its gradient w.r.t. the potentials is the marginals
@@ -51,15 +51,23 @@ def tree_smoothed_max(pot: Potentials, eps: torch.Tensor) -> torch.Tensor:
     return eps * tree_logz(Potentials(pot.unary / e, pot.pairwise / e[..., None], pot.graph))
 
 
-def lp_smoothed_max(iters: int = 100, tol: float | None = 1e-6) -> SmoothedMax:
-    """The entropy-smoothed LP relaxation (``smoothed_lp``, any graph), cold-started, as a SmoothedMax."""
-    def smax(pot: Potentials, eps: torch.Tensor) -> torch.Tensor:
-        values = []
-        for m, e in enumerate(eps[:, 0].tolist()):  # smoothed_lp takes one temperature
-            one = Potentials(pot.unary[m], pot.pairwise[m], pot.graph)
-            values.append(smoothed_lp(one, e, iters, tol=None if tol is None else tol * e).value)
-        return torch.stack(values)
-    return smax
+class LPSmoothedMax:
+    """The entropy-smoothed LP relaxation (``smoothed_lp``, any graph) as a SmoothedMax: all models and
+    examples in one call, each model at its own temperature, warm-started from the previous call's
+    messages when the shapes match (any messages give an upper bound; the sweeps run until the dual
+    decreases by less than ``tol`` eps, so the start only changes the number of sweeps)."""
+
+    def __init__(self, iters: int = 100, tol: float | None = 1e-6) -> None:
+        self.iters, self.tol = iters, tol
+        self.messages: torch.Tensor | None = None
+
+    def __call__(self, pot: Potentials, eps: torch.Tensor) -> torch.Tensor:
+        warm = self.messages
+        if warm is not None and (warm.shape[:-3] != pot.batch_shape or warm.dtype != pot.dtype):
+            warm = None
+        res = smoothed_lp(pot, eps, self.iters, messages=warm, tol=self.tol)
+        self.messages = res.messages
+        return res.value
 
 
 def _tree_max(pot: Potentials) -> torch.Tensor:
@@ -75,7 +83,7 @@ class SmoothedLBFGS:
             models at once); its parameters are optimised in place from their current values.
         x [N, D], y [N, n] long: the training set.
         lam: lambda > 0, a float or a tensor [M].
-        smoothed_max: ``tree_smoothed_max`` (trees, forests) or ``lp_smoothed_max(...)`` (loopy graphs).
+        smoothed_max: ``tree_smoothed_max`` (trees, forests) or ``LPSmoothedMax(...)`` (loopy graphs).
         exact_max: the max itself for the primal value (default: tree_map's score when smoothed_max is
             ``tree_smoothed_max``, else None: the primal uses the smoothed max, an upper bound).
         margin_scale: weight of the Hamming loss (0 with a fixed eps: the CRF likelihood at eps = 1).
