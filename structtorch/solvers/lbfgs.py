@@ -78,6 +78,34 @@ def lbfgs_solve(objective: Callable[[], torch.Tensor], params: list[torch.Tensor
                      iterations=int(done))
 
 
+class ModelSlices:
+    """Parameters of M models (leading [M] dim on each; none when ``num_models`` is None, M = 1) viewed as
+    one flat matrix [M, P]: model m's coordinates in row m."""
+
+    def __init__(self, params: list[torch.Tensor], num_models: int | None) -> None:
+        self.params = params
+        self.M = 1 if num_models is None else num_models
+        self.sizes = [p[0].numel() if num_models is not None else p.numel() for p in params]
+
+    def flat(self) -> torch.Tensor:
+        """The current values [M, P]."""
+        return torch.cat([p.detach().reshape(self.M, -1) for p in self.params], 1)
+
+    def set(self, X: torch.Tensor) -> None:
+        """Write X [M, P] into the parameters."""
+        with torch.no_grad():
+            for p, chunk in zip(self.params, X.split(self.sizes, 1)):
+                p.copy_(chunk.reshape(p.shape))
+
+    def value_and_grad(self, objective: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(objective() [M], its gradient [M, P]) at the current parameters."""
+        with torch.enable_grad():
+            value = objective().reshape(self.M)
+            grads = torch.autograd.grad(value.sum(), self.params, allow_unused=True)
+        flat = [value.new_zeros(self.M, n) if g is None else g.reshape(self.M, -1) for g, n in zip(grads, self.sizes)]
+        return value.detach(), torch.cat(flat, 1)
+
+
 class BatchedLBFGS:
     """L-BFGS on M independent problems at once: ``objective()`` returns [M] values of a separable
     objective whose model m owns slice m of every parameter (leading [M] dim; no model dim for M = 1).
@@ -96,7 +124,7 @@ class BatchedLBFGS:
                  num_models: int | None = None, history_size: int = 20) -> None:
         self.params, self.objective, self.history_size = params, objective, history_size
         self.M = 1 if num_models is None else num_models
-        self.sizes = [p[0].numel() if num_models is not None else p.numel() for p in params]
+        self.slices = ModelSlices(params, num_models)
         ref = params[0]
         self.S: list[torch.Tensor] = []  # [M, P] each
         self.Y: list[torch.Tensor] = []
@@ -105,21 +133,8 @@ class BatchedLBFGS:
         self.fresh = torch.ones(self.M, dtype=torch.bool, device=ref.device)  # no curvature yet: short first step
         self.value, self.grad = self._evaluate()
 
-    def _flat(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(self.M, -1) for p in self.params], 1)
-
-    def _set(self, X: torch.Tensor) -> None:
-        with torch.no_grad():
-            for p, chunk in zip(self.params, X.split(self.sizes, 1)):
-                p.copy_(chunk.reshape(p.shape))
-
     def _evaluate(self) -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.enable_grad():
-            value = self.objective().reshape(self.M)
-            grads = torch.autograd.grad(value.sum(), self.params, allow_unused=True)
-        flat = [torch.zeros(self.M, n, dtype=value.dtype, device=value.device) if g is None else g.reshape(self.M, -1)
-                for g, n in zip(grads, self.sizes)]
-        return value.detach(), torch.cat(flat, 1)
+        return self.slices.value_and_grad(self.objective)
 
     def reset(self, which: torch.Tensor) -> None:
         """Forget the curvature pairs of the models where ``which`` [M] (e.g. after their objective changed)."""
@@ -150,7 +165,7 @@ class BatchedLBFGS:
         Returns bool [M]: the active models whose line search found no decrease (converged to rounding,
         or stalled): stepping them again is wasted work."""
         active = torch.ones(self.M, dtype=torch.bool, device=self.gamma.device) if active is None else active
-        g, f0, X0 = self.grad, self.value, self._flat()
+        g, f0, X0 = self.grad, self.value, self.slices.flat()
         d = self._direction(g)
         slope = (d * g).sum(1)
         uphill = slope >= 0
@@ -159,7 +174,7 @@ class BatchedLBFGS:
         t = torch.where(self.fresh | uphill, (1.0 / g.abs().sum(1).clamp_min(1e-300)).clamp(max=1.0), 1.0)
         t = torch.where(active & (slope < 0), t, 0.0)
         for _ in range(max_backtracks):
-            self._set(X0 + t[:, None] * d)
+            self.slices.set(X0 + t[:, None] * d)
             f, G = self._evaluate()
             ok = (f <= f0 + 1e-4 * t * slope) | (t == 0)
             if bool(ok.all()):
@@ -167,7 +182,7 @@ class BatchedLBFGS:
             t = torch.where(ok, t, 0.5 * t)
         else:
             t = torch.where(ok, t, 0.0)
-            self._set(X0 + t[:, None] * d)
+            self.slices.set(X0 + t[:, None] * d)
             f, G = self._evaluate()
         s, y = t[:, None] * d, G - g
         sy, yy = (s * y).sum(1), (y * y).sum(1)

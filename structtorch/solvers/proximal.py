@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from .lbfgs import ModelSlices
+
 __all__ = ["BatchedFISTA"]
 
 
@@ -33,8 +35,8 @@ class BatchedFISTA:
         if len(l1) != len(params):
             raise ValueError(f"l1 needs one entry per parameter ({len(params)}), got {len(l1)}")
         self.params, self.smooth = params, smooth
-        self.M = params[0].shape[0]
-        self.sizes = [p[0].numel() for p in params]
+        self.slices = ModelSlices(params, params[0].shape[0])
+        self.M, self.sizes = self.slices.M, self.slices.sizes
         self.set_l1(l1)
         ref = params[0]
         self.step_inv = torch.ones(self.M, dtype=ref.dtype, device=ref.device)  # L, the inverse step size
@@ -57,23 +59,10 @@ class BatchedFISTA:
         if hasattr(self, "x"):
             self.restart()
 
-    # ------------------------------------------------------------------ flat views
-    def _flat(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(self.M, -1) for p in self.params], 1)
-
-    def _set(self, X: torch.Tensor) -> None:
-        with torch.no_grad():
-            for p, chunk in zip(self.params, X.split(self.sizes, 1)):
-                p.copy_(chunk.reshape(p.shape))
-
     def _evaluate(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(f [M], grad f [M, P]) at the flat point X."""
-        self._set(X)
-        with torch.enable_grad():
-            value = self.smooth().reshape(self.M)
-            grads = torch.autograd.grad(value.sum(), self.params, allow_unused=True)
-        flat = [value.new_zeros(self.M, n) if g is None else g.reshape(self.M, -1) for g, n in zip(grads, self.sizes)]
-        return value.detach(), torch.cat(flat, 1)
+        self.slices.set(X)
+        return self.slices.value_and_grad(self.smooth)
 
     def objective(self, X: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
         """F = f + sum c |w| [M] at X with smooth part f."""
@@ -81,7 +70,7 @@ class BatchedFISTA:
 
     def restart(self) -> None:
         """Drop the momentum and re-evaluate at the current parameters (after f or c changed)."""
-        self.x = self._flat()
+        self.x = self.slices.flat()
         self.t = torch.ones_like(self.step_inv)
         self.fy, self.gy = self._evaluate(self.x)
         self.y = self.x
@@ -126,7 +115,7 @@ class BatchedFISTA:
         self.step_inv = torch.where(moved & ~worse, 0.9 * L, L)
         self.fy, self.gy = self._evaluate(self.y)
         self.iterations += 1
-        self._set(self.x)
+        self.slices.set(self.x)
         return residual
 
     def run(self, iterations: int, rel_tol: float = 1e-6, patience: int = 5) -> torch.Tensor:
@@ -142,5 +131,5 @@ class BatchedFISTA:
             active &= calm < patience
             if not bool(active.any()):
                 break
-        self._set(self.x)
+        self.slices.set(self.x)
         return self.F
