@@ -128,3 +128,27 @@ def test_crank_bad_input(small):
 
 def test_crank_is_a_cli_learner():
     assert LEARNERS["crank"] is CRANK
+
+
+def test_crank_resumes_from_a_checkpoint(small, tmp_path):
+    """A run stopped after 2 CCCP iterations and resumed keeps its restarts' weights, beta and iteration
+    count, and finishes on a forest like an uninterrupted run."""
+    kwargs = {"l2": 0.01, "restarts": 2, "inner_iters": 40, "beta": 1e-4, "beta_growth": 4.0}
+
+    def trainer(epochs: int) -> L.Trainer:
+        return L.Trainer(accelerator="cpu", max_epochs=epochs, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path)
+
+    first = CRANK(small.num_features, small.num_labels, **kwargs)
+    trainer(2).fit(first, datamodule=small)
+    assert not first.done and first.outer_iterations == 2
+    ckpt = next(tmp_path.rglob("*.ckpt"))
+    again = CRANK(small.num_features, small.num_labels, **kwargs)
+    seen = {}
+    original = again.on_fit_start
+    again.on_fit_start = lambda: (seen.update(beta=float(again.beta), iters=again.outer_iterations,
+                                              w=again.restart_energy.edge_weight.detach().clone()), original())[1]
+    trainer(60).fit(again, datamodule=small, ckpt_path=str(ckpt))
+    assert seen["beta"] == float(first.beta) and seen["iters"] == 2
+    assert torch.equal(seen["w"], first.restart_energy.edge_weight.detach())
+    assert again.done and again.graph.is_forest and again.outer_iterations > 2
