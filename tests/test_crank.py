@@ -8,9 +8,13 @@ import pytest
 import torch
 from sklearn.linear_model import Lasso
 
+from structtorch import Graph, Potentials
 from structtorch.data import SyntheticDataModule
-from structtorch.learners import CRANK, LEARNERS
-from structtorch.solvers import BatchedFISTA
+from structtorch.energies import FinleyJoachimsEnergy
+from structtorch.inference import tree_map
+from structtorch.learners import CRANK, LEARNERS, MST, Greedy
+from structtorch.learners.baselines import forest_objectives
+from structtorch.solvers import BatchedFISTA, ForestSmoothedMax, SmoothedLBFGS, tree_smoothed_max
 from structtorch.structure import circuit_rank
 
 pytestmark = [pytest.mark.usefixtures("quiet_single_thread"),
@@ -152,3 +156,63 @@ def test_crank_resumes_from_a_checkpoint(small, tmp_path):
     assert seen["beta"] == float(first.beta) and seen["iters"] == 2
     assert torch.equal(seen["w"], first.restart_energy.edge_weight.detach())
     assert again.done and again.graph.is_forest and again.outer_iterations > 2
+
+
+# ---------------------------------------------------------------------- per-model forests, Greedy, MST
+def _forests(E: int) -> torch.Tensor:
+    f = torch.zeros(4, E, dtype=torch.bool)  # complete graph on 5 labels: edges (0,1) (0,2) (0,3) (0,4) (1,2) ...
+    f[1, 0] = True
+    f[2, [0, 5, 9]] = True
+    f[3, [0, 1, 2, 3]] = True
+    return f
+
+
+def test_forest_smoothed_max_equals_each_forest_alone():
+    g = Graph.complete(5)
+    forests = _forests(g.num_edges)
+    gen = torch.Generator().manual_seed(0)
+    U = torch.randn(4, 6, 5, 2, generator=gen, dtype=F64, requires_grad=True)
+    P = torch.randn(4, 1, g.num_edges, 2, 2, generator=gen, dtype=F64, requires_grad=True)
+    eps = torch.tensor([[0.5], [1.0], [0.1], [2.0]], dtype=F64)
+    smax = ForestSmoothedMax(forests, g)
+    value, best = smax(Potentials(U, P, g), eps), smax.exact(Potentials(U, P, g))
+    value.sum().backward()
+    assert torch.equal(P.grad[..., ~forests[1], :, :][1], torch.zeros_like(P.grad[..., ~forests[1], :, :][1]))
+    for m in range(4):
+        sub = Graph.from_mask(forests[m], g)
+        one = Potentials(U[m].detach(), P[m, :, forests[m]].detach(), sub)
+        ref = tree_smoothed_max(Potentials(one.unary[None], one.pairwise[None], sub), eps[m:m + 1])[0]
+        assert torch.allclose(value[m], ref) and torch.allclose(best[m], tree_map(one)[0])
+    on = torch.tensor([False, True, False, True])  # the models SmoothedLBFGS still evaluates
+    part = smax.subset(on)(Potentials(U[on], P[on], g), eps[on])
+    assert torch.allclose(part, value[on])
+    with pytest.raises(ValueError, match="forest"):
+        ForestSmoothedMax(torch.ones(1, g.num_edges, dtype=torch.bool), g)
+
+
+def test_forest_objectives_equal_separate_certified_training():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(60, 3, generator=gen, dtype=F64)
+    y = (torch.rand(60, 5, generator=gen) < 0.4).long()
+    forests = _forests(Graph.complete(5).num_edges)
+    batched = forest_objectives(x, y, forests, 0.1, tol=1e-4)
+    for m in range(4):
+        energy = FinleyJoachimsEnergy(3, 5, Graph.from_mask(forests[m], Graph.complete(5))).to(F64)
+        alone = SmoothedLBFGS(energy, x, y, 0.1, tol=1e-4).fit().primal
+        assert abs(float(batched[m]) - float(alone)) <= 2e-4 * float(alone)
+
+
+@pytest.mark.parametrize("kind", [Greedy, MST])
+def test_structure_search_baselines(kind, small):
+    model = kind(small.num_features, small.num_labels, l2=0.01)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=100, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False)
+    trainer.fit(model, datamodule=small)
+    assert model.graph.is_forest and model.structure_summary()["search"]
+    if kind is MST:
+        assert model.graph.num_edges == small.num_labels - 1
+    else:  # each added edge lowered the certified objective
+        objectives = [s["objective"] for s in model.search_log]
+        assert all(b < a for a, b in zip(objectives, objectives[1:])) and len(objectives) > 1
+    metrics = trainer.test(model, datamodule=small, verbose=False)[0]
+    assert metrics["test/hamming_acc"] >= 0.95 and metrics["test/subset_acc"] >= 0.5

@@ -64,6 +64,8 @@ class FinleyJoachimsEnergy(Energy):
     Potentials: unary [B, n, 2] (state 0 scores 0), pairwise [E, 2, 2] (only [1, 1] non-zero,
     shared across the batch). With ``num_models=M``: parameters unary.weight [M, n, D],
     unary.bias [M, n], edge_weight [M, E]; unary [M, B, n, 2], pairwise [M, 1, E, 2, 2].
+    ``edge_mask`` (bool [(M,) E] buffer, default all True) gives each model its own edge subset: the
+    weights outside it score nothing (and get no gradient), e.g. one forest per model of a structure search.
     """
 
     is_linear = True
@@ -85,11 +87,12 @@ class FinleyJoachimsEnergy(Energy):
         else:
             self.unary = BatchedLinear(num_models, num_features, num_labels, bias=bias)
             self.edge_weight = nn.Parameter(torch.zeros(num_models, self.graph.num_edges))
+        self.register_buffer("edge_mask", torch.ones(self.edge_weight.shape, dtype=torch.bool), persistent=False)
 
     def forward(self, x: torch.Tensor) -> Potentials:
         s1 = self.unary(x)  # [(M,) B, n]
         unary = torch.stack([torch.zeros_like(s1), s1], -1)
-        w = self.edge_weight  # [(M,) E]: the [1, 1] entry of each edge table, the rest 0
+        w = self.edge_weight * self.edge_mask  # [(M,) E]: the [1, 1] entry of each edge table, the rest 0
         pair = torch.cat([w.new_zeros(*w.shape, 3), w.unsqueeze(-1)], -1).view(*w.shape, 2, 2)
         if self.num_models is not None:
             pair = pair.unsqueeze(1)
@@ -102,6 +105,7 @@ class FinleyJoachimsEnergy(Energy):
         """Keep the edges where ``mask`` [E] is True, with their weights."""
         self.graph, mask = self._restricted_graph(mask)
         self.edge_weight = nn.Parameter(self.edge_weight.detach()[..., mask.to(self.edge_weight.device)].clone())
+        self.edge_mask = self.edge_mask[..., mask.to(self.edge_mask.device)].clone()
 
     def block_gram(self, x: torch.Tensor, d_unary: torch.Tensor, d_pair: torch.Tensor, bias_scale: float
                    ) -> tuple[torch.Tensor, torch.Tensor]:

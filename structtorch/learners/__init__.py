@@ -1,10 +1,11 @@
 """Learners: LightningModules that train an energy with a structured loss and predict by inference."""
 
 from .base import TEST_INFERENCE, TRAIN_INFERENCE, StructuredLearner
-from .baselines import FixedTree, Full, Independent
+from .baselines import MST, FixedTree, Full, Greedy, Independent
 from .crank import CRANK
 
-LEARNERS = {"independent": Independent, "fixed_tree": FixedTree, "full": Full, "crank": CRANK}
+LEARNERS = {"independent": Independent, "fixed_tree": FixedTree, "full": Full, "crank": CRANK, "greedy": Greedy,
+            "mst": MST}
 
-__all__ = ["CRANK", "LEARNERS", "TEST_INFERENCE", "TRAIN_INFERENCE", "FixedTree", "Full", "Independent",
-           "StructuredLearner"]
+__all__ = ["CRANK", "LEARNERS", "MST", "TEST_INFERENCE", "TRAIN_INFERENCE", "FixedTree", "Full", "Greedy",
+           "Independent", "StructuredLearner"]

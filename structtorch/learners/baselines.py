@@ -1,5 +1,5 @@
 """Baseline learners: Independent (Empty), FixedTree (M3N on a given tree, e.g. Chow-Liu), Full
-(complete graph, LP relaxation)."""
+(complete graph, LP relaxation), and CRANK's structure-search baselines Greedy and MST (Sec. 6)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from ..graph import Graph
 from ..inference import lp_map, smoothed_lp
 from ..losses import check_loss_finite, hamming_augment
 from ..potentials import Potentials
-from ..solvers import LPSmoothedMax, Oracle, SmoothedMax, smoothed_oracle
+from ..solvers import ForestSmoothedMax, LPSmoothedMax, Oracle, SmoothedLBFGS, SmoothedMax, smoothed_oracle
 from ..state import ExampleState
+from ..structure import circuit_rank, max_spanning_tree
 from ..structure.edge_scores import chow_liu_tree
 from .base import StructuredLearner
 
-__all__ = ["Independent", "FixedTree", "Full", "edge_mask"]
+__all__ = ["Independent", "FixedTree", "Full", "Greedy", "MST", "edge_mask", "forest_objectives"]
 
 
 class Independent(StructuredLearner):
@@ -75,6 +76,81 @@ def edge_mask(sub: Graph, candidate: Graph) -> torch.Tensor:
     def key(e: torch.Tensor) -> torch.Tensor:
         return e.amin(1) * candidate.num_nodes + e.amax(1)
     return torch.isin(key(candidate.edges), key(sub.edges.reshape(-1, 2)))
+
+
+def forest_objectives(x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor, lam: float, bias_reg: float = 1e-4,
+                      tol: float = 1e-3, margin_scale: float = 1.0) -> torch.Tensor:
+    """The certified optimum of the M3N objective on each of M forests, all trained as one batched model.
+
+    x [N, D], y [N, n] long; forests: bool [M, E] over ``Graph.complete(n)``'s edges, each row a forest.
+    Returns the primal objective [M] (float64) at a relative duality gap <= tol (exact tree inference per
+    model: ``ForestSmoothedMax``)."""
+    n = y.shape[1]
+    graph = Graph.complete(n)
+    energy = FinleyJoachimsEnergy(x.shape[1], n, graph, num_models=forests.shape[0]).to(torch.float64)
+    energy.edge_mask.copy_(forests)
+    smax = ForestSmoothedMax(forests, graph)
+    solver = SmoothedLBFGS(energy, x, y, lam, smoothed_max=smax, exact_max=smax.exact, margin_scale=margin_scale,
+                           bias_reg=bias_reg, tol=tol)
+    return solver.fit().primal
+
+
+class _StructureSearch(FixedTree):
+    """A FixedTree whose tree is found by training candidate forests (CRANK's Sec. 6 baselines)."""
+
+    def __init__(self, num_features: int, num_labels: int, **kwargs) -> None:
+        super().__init__(num_features, num_labels, **kwargs)
+        if self.num_models is not None:
+            raise ValueError(f"{type(self).__name__}: model.l2 must be one number (the search trains candidate "
+                             f"forests as the batched models)")
+        self.search_log: list[dict] = []
+
+    def _objectives(self, x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor) -> torch.Tensor:
+        hp = self.hparams
+        return forest_objectives(x.to(torch.float64), y, forests, self.l2_grid[0], hp.bias_reg, hp.tol, hp.margin_scale)
+
+    def structure_summary(self) -> dict:
+        """The learned tree and the search that found it (objectives per step / per edge)."""
+        return {**super().structure_summary(), "search": self.search_log}
+
+
+class MST(_StructureSearch):
+    """CRANK's MST baseline: the objective gain of each edge alone over the empty model (every edge one model of
+    a batch), the maximum spanning tree of those gains, then M3N on that tree."""
+
+    def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        graph = self.energy.graph
+        E = graph.num_edges
+        forests = torch.cat([torch.zeros(1, E, dtype=torch.bool), torch.eye(E, dtype=torch.bool)])
+        objective = self._objectives(x, y, forests)
+        gains = objective[0] - objective[1:]
+        self.search_log = [{"empty": float(objective[0]), "gains": gains.tolist()}]
+        return max_spanning_tree(gains, graph).cpu()
+
+
+class Greedy(_StructureSearch):
+    """CRANK's Greedy baseline: from the empty model, add the edge whose addition lowers the (certified)
+    training objective most while keeping a forest, until no edge lowers it or the tree spans all labels.
+    Every candidate edge of a step is one model of a batch."""
+
+    def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        graph = self.energy.graph
+        forest = torch.zeros(graph.num_edges, dtype=torch.bool)
+        current = float(self._objectives(x, y, forest[None])[0])
+        self.search_log = [{"edges": 0, "objective": current}]
+        while True:
+            grown = forest[None] | torch.eye(graph.num_edges, dtype=torch.bool)
+            candidates = (~forest & (circuit_rank(grown, graph) == 0)).nonzero()[:, 0]  # edges that keep a forest
+            if not len(candidates):
+                return forest
+            objective = self._objectives(x, y, grown[candidates])
+            best = int(objective.argmin())
+            if float(objective[best]) >= current:
+                return forest
+            forest[candidates[best]] = True
+            current = float(objective[best])
+            self.search_log.append({"edges": int(forest.sum()), "objective": current,
+                                    "added": self.energy.graph.edges[candidates[best]].tolist()})
 
 
 class Full(StructuredLearner):

@@ -33,12 +33,14 @@ from collections.abc import Callable
 import torch
 
 from ..energies import Energy
+from ..graph import Graph
 from ..inference import smoothed_lp, tree_logz, tree_map
 from ..potentials import Potentials
+from ..structure import circuit_rank, max_spanning_tree
 from .bcfw import GapInfo, _check_lam, _check_mask, lift_models, one_hot_marginals
 from .lbfgs import BatchedLBFGS
 
-__all__ = ["SmoothedLBFGS", "SmoothedMax", "LPSmoothedMax", "tree_smoothed_max"]
+__all__ = ["ForestSmoothedMax", "LPSmoothedMax", "SmoothedLBFGS", "SmoothedMax", "tree_smoothed_max"]
 
 #: (Potentials [M, N], eps [M, 1]) -> differentiable smoothed max [M, N] >= max_y score(y), each model at its
 #: own temperature; its gradient w.r.t. the potentials is the marginals
@@ -70,6 +72,63 @@ class LPSmoothedMax:
         return res.value
 
 
+class ForestSmoothedMax:
+    """Exact smoothed max for M models on one candidate graph, model m restricted to its own forest.
+
+    forests: bool [M, E] over ``graph``'s edges, each row a forest. Model m's forest is completed to a
+    spanning tree with zero-weight edges (which change no score), and the M trees are one ensemble graph,
+    so a single ``tree_logz`` call is exact for every model (``exact`` is the same with ``tree_map``).
+    Potentials passed in are the candidate graph's [M, N] (an energy with ``num_models=M``); the weights
+    of edges outside model m's forest get no gradient from the data term.
+    """
+
+    def __init__(self, forests: torch.Tensor, graph: Graph) -> None:
+        if forests.dtype != torch.bool or forests.dim() != 2 or forests.shape[1] != graph.num_edges:
+            raise ValueError(f"forests must be a bool tensor [M, E={graph.num_edges}], got {forests.dtype} "
+                             f"{tuple(forests.shape)}")
+        if bool((circuit_rank(forests.cpu(), graph) > 0).any()):
+            raise ValueError("every row of forests must be a forest (no cycle)")
+        n, M = graph.num_nodes, forests.shape[0]
+        spanning = max_spanning_tree(forests.to(torch.float64) + 1.0, graph)  # forest edges first
+        if int(spanning.sum()) != M * (n - 1):
+            raise ValueError("ForestSmoothedMax needs a connected candidate graph (e.g. Graph.complete(n))")
+        self.graph = graph
+        self.index = spanning.nonzero()[:, 1].view(M, n - 1)  # [M, n-1] candidate edge ids
+        self.keep = forests.gather(1, self.index)  # [M, n-1]
+        self.trees = Graph(n, graph.edges[self.index.cpu()]) if n > 1 else None
+
+    def subset(self, models: torch.Tensor) -> ForestSmoothedMax:
+        """The same for the models where ``models`` [M] (bool) is True (``SmoothedLBFGS`` evaluates only
+        the models still open)."""
+        sub = copy.copy(self)
+        on = models.to(self.index.device)
+        sub.index, sub.keep = self.index[on], self.keep[on]
+        sub.trees = Graph(self.graph.num_nodes, self.graph.edges[sub.index.cpu()]) if self.trees is not None else None
+        return sub
+
+    def ensemble(self, pot: Potentials, scale: torch.Tensor | None = None) -> Potentials:
+        """The [N, M] ensemble potentials of candidate-graph potentials [M, N] (divided by scale [M, 1])."""
+        U, P = pot.unary, pot.pairwise  # [M, N, n, K], [M, 1 or N, E, K, K]
+        if scale is not None:
+            U, P = U / scale[..., None, None], P / scale[..., None, None, None]
+        idx = self.index.to(P.device)[:, None, :, None, None].expand(*P.shape[:2], -1, *P.shape[-2:])
+        P = P.gather(2, idx) * self.keep.to(P.device)[:, None, :, None, None].to(P.dtype)
+        return Potentials(U.transpose(0, 1), P.transpose(0, 1), self.trees)
+
+    def __call__(self, pot: Potentials, eps: torch.Tensor) -> torch.Tensor:
+        """eps * log sum_y exp(score_m(y) / eps) [M, N] on each model's forest; eps [M, 1]."""
+        if self.trees is None:
+            return tree_smoothed_max(pot, eps)
+        return eps * tree_logz(self.ensemble(pot, eps)).transpose(0, 1)
+
+    def exact(self, pot: Potentials) -> torch.Tensor:
+        """max_y score_m(y) [M, N] on each model's forest."""
+        with torch.no_grad():
+            if self.trees is None:
+                return tree_map(pot)[0]
+            return tree_map(self.ensemble(pot))[0].transpose(0, 1)
+
+
 def _tree_max(pot: Potentials) -> torch.Tensor:
     with torch.no_grad():
         return tree_map(pot)[0]
@@ -83,7 +142,9 @@ class SmoothedLBFGS:
             models at once); its parameters are optimised in place from their current values.
         x [N, D], y [N, n] long: the training set.
         lam: lambda > 0, a float or a tensor [M].
-        smoothed_max: ``tree_smoothed_max`` (trees, forests) or ``LPSmoothedMax(...)`` (loopy graphs).
+        smoothed_max: ``tree_smoothed_max`` (trees, forests), ``LPSmoothedMax(...)`` (loopy graphs) or
+            ``ForestSmoothedMax`` (each model on its own forest; a smoothed max with a ``subset(models)``
+            method is narrowed to the models still open before each evaluation).
         exact_max: the max itself for the primal value (default: tree_map's score when smoothed_max is
             ``tree_smoothed_max``, else None: the primal uses the smoothed max, an upper bound).
         margin_scale: weight of the Hamming loss (0 with a fixed eps: the CRF likelihood at eps = 1).
@@ -166,7 +227,8 @@ class SmoothedLBFGS:
             value = self.smoothed_max(Potentials(U + self.delta, P, self.energy.graph), self.eps[:, None])
         else:
             value = U.new_zeros(U.shape[:2])
-            some = self.smoothed_max(Potentials(U[on] + self.delta, P[on], self.energy.graph), self.eps[on, None])
+            smax = self.smoothed_max.subset(on) if hasattr(self.smoothed_max, "subset") else self.smoothed_max
+            some = smax(Potentials(U[on] + self.delta, P[on], self.energy.graph), self.eps[on, None])
             value = value.index_put((on.nonzero()[:, 0],), some)
         return self.regularizer() + self._mean(value - self._score(U, P))
 
