@@ -12,10 +12,10 @@ from structtorch import Graph, Potentials
 from structtorch.data import SyntheticDataModule
 from structtorch.energies import FinleyJoachimsEnergy
 from structtorch.inference import tree_map
-from structtorch.learners import CRANK, LEARNERS, MST, Greedy
+from structtorch.learners import CRANK, LEARNERS, MST, Greedy, Project
 from structtorch.learners.baselines import forest_objectives
 from structtorch.solvers import BatchedFISTA, ForestSmoothedMax, SmoothedLBFGS, tree_smoothed_max
-from structtorch.structure import circuit_rank
+from structtorch.structure import circuit_rank, max_spanning_tree
 
 pytestmark = [pytest.mark.usefixtures("quiet_single_thread"),
               pytest.mark.filterwarnings("ignore:.*does not have many workers"),
@@ -216,3 +216,21 @@ def test_structure_search_baselines(kind, small):
         assert all(b < a for a, b in zip(objectives, objectives[1:])) and len(objectives) > 1
     metrics = trainer.test(model, datamodule=small, verbose=False)[0]
     assert metrics["test/hamming_acc"] >= 0.95 and metrics["test/subset_acc"] >= 0.5
+
+
+def test_project_is_the_tree_projection_of_full(small):
+    """Project trains Full to its certificate, then one CCCP iteration with a large beta keeps the maximum
+    spanning tree of |w_full| (footnote 7)."""
+    model = Project(small.num_features, small.num_labels, l2=0.01, inner_iters=60)
+    seen = {}
+    original = model.cccp_step
+    model.cccp_step = lambda: (seen.setdefault("w_full", model.restart_energy.edge_weight.detach()[0].clone()),
+                               original())[1]
+    trainer = L.Trainer(accelerator="cpu", max_epochs=20, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False)
+    trainer.fit(model, datamodule=small)
+    assert model.full_certificate["converged"] == [True] and model.done
+    projection = max_spanning_tree(seen["w_full"].abs(), model.restart_energy.graph)
+    assert torch.equal(model.structure_mask, projection)
+    metrics = trainer.test(model, datamodule=small, verbose=False)[0]
+    assert metrics["test/hamming_acc"] >= 0.95

@@ -2,10 +2,10 @@
 
 from .base import TEST_INFERENCE, TRAIN_INFERENCE, StructuredLearner
 from .baselines import MST, FixedTree, Full, Greedy, Independent
-from .crank import CRANK
+from .crank import CRANK, Project
 
 LEARNERS = {"independent": Independent, "fixed_tree": FixedTree, "full": Full, "crank": CRANK, "greedy": Greedy,
-            "mst": MST}
+            "mst": MST, "project": Project}
 
 __all__ = ["CRANK", "LEARNERS", "MST", "TEST_INFERENCE", "TRAIN_INFERENCE", "FixedTree", "Full", "Greedy",
-           "Independent", "StructuredLearner"]
+           "Independent", "Project", "StructuredLearner"]
