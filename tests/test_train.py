@@ -89,8 +89,8 @@ def test_every_config_combination_composes(model, data, trainer, monkeypatch):
     # model: a registered learner, and every option is an argument of its constructor
     assert cfg.model.name in LEARNERS
     cls = LEARNERS[cfg.model.name]
-    params = set(inspect.signature(cls.__init__).parameters) | set(
-        inspect.signature(StructuredLearner.__init__).parameters)
+    params = set().union(*(inspect.signature(c.__init__).parameters for c in cls.__mro__
+                           if isinstance(c, type) and issubclass(c, StructuredLearner)))
     assert {f.name for f in dataclasses.fields(ModelConfig)} <= set(cfg.model)
     assert set(cfg.model) - {"name", "tree"} <= params  # "tree" becomes FixedTree's edges in build_learner
     # data
