@@ -71,12 +71,15 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 rows.append(row(model, data, l2[data], run_one(model, data, l2[data], Path(tmp))))
             print(rows[-1], flush=True)
+            write(rows, Path(args.out))  # after every row: a long run keeps what it has measured
+
+
+def write(rows: list[dict], out: Path) -> None:
     columns = ["dataset", "model", "l2", "hamming_acc", "subset_acc", "example_f1", "paper H / 0-1 / F1", "edges",
                "converged", "train s"]
     trees = ["", "Learned trees (label pairs):", ""] + [f"- {r['dataset']} {r['model']}: {r['tree']}"
                                                         for r in rows if r["tree"]]
-    write_table(rows, Path(args.out), columns, trees)
-
+    write_table(rows, out, columns, trees)
 
 if __name__ == "__main__":
     main()
