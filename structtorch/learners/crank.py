@@ -115,10 +115,11 @@ class CRANK(Full):
         return self.hinge.objective() - self.beta * (self.v * self.restart_energy.edge_weight).sum(1)
 
     def crank_objective(self) -> torch.Tensor:
-        """l(w) + beta f(|w_pair|) [R] (the objective CCCP decreases), no gradient."""
+        """l(w) + beta f(|w_pair|) [R] (the objective CCCP decreases) at FISTA's iterate, no gradient: l is
+        recovered from FISTA's h_t = l - beta v^T w + beta |w|_1 without another smoothed-LP evaluation."""
         w = self.restart_energy.edge_weight.detach()
-        with torch.no_grad():
-            return self.hinge.objective() + self.beta * circuit_rank_penalty(w.abs(), self.restart_energy.graph)
+        loss = self.fista.F - self.beta * (w.abs().sum(1) - (self.v * w).sum(1))
+        return loss + self.beta * circuit_rank_penalty(w.abs(), self.restart_energy.graph)
 
     def _certified_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
         if batch_idx != 0 or self.done:
