@@ -14,7 +14,7 @@ from omegaconf import MISSING
 from .data.download import mulan_datasets
 
 __all__ = ["Config", "ModelConfig", "FixedTreeConfig", "FullConfig", "MulanDataConfig", "SyntheticDataConfig",
-           "TrainerConfig", "register_configs"]
+           "TrainerConfig", "TreeCRFConfig", "TreeCRFSyntheticDataConfig", "register_configs"]
 
 
 @dataclass
@@ -72,6 +72,19 @@ class CRANKConfig(FullConfig):
 
 
 @dataclass
+class TreeCRFConfig(ModelConfig):
+    """TreeCRF: max spanning tree of edge scores, then a tree CRF on local inputs by likelihood."""
+
+    loss: str = "crf"
+    score: str = "dci"  # piecewise | local_cmi | dci | global_cmi | chow_liu
+    inputs: str = "l1"  # l1 (top num_inputs columns of an l1 regression per label) | aligned (column i -> label i)
+    num_inputs: int = 10
+    local_unary: bool = False  # unary factors on the label's inputs only (True) or on all inputs
+    num_states: int = 2
+    score_folds: int = 5  # CV folds choosing each edge-score regression's l2 penalty
+
+
+@dataclass
 class MulanDataConfig:
     """Any Mulan dataset by name (``data=mulan data.name=<dataset>``), see ``MultilabelDataModule``.
 
@@ -116,6 +129,30 @@ class SyntheticDataConfig:
 
 
 @dataclass
+class TreeCRFSyntheticDataConfig:
+    """The synthetic tree-CRF data of Bradley & Guestrin (ICML 2010), see ``tree_crf_synthetic`` (no files)."""
+
+    kind: str = "tree_crf_synthetic"
+    num_train: int = 500
+    num_test: int = 1000
+    num_labels: int = 40
+    structure: str = "tree"  # tree | chain
+    factors: str = "associative"  # associative | random
+    strengths: Any = field(default_factory=lambda: [4.0, 2.0, 1.0])  # log-space strengths (Y-Y, Y-X, X-X)
+    alternating: bool = True
+    cross: bool = True
+    cross_strength: Any = None  # float or None: the Y-X strength
+    joint: str = "intractable"  # intractable | tractable
+    batch_size: int = 64
+    val_fraction: float = 0.1
+    seed: int = 0
+    num_folds: Any = None
+    fold: int = 0
+    num_workers: int = 0
+    standardize: bool = False
+
+
+@dataclass
 class TrainerConfig:
     """Options passed to ``lightning.Trainer`` (a subset; add more as needed)."""
 
@@ -152,8 +189,10 @@ def register_configs() -> None:
     cs.store(group="model", name="fixed_tree_schema", node=FixedTreeConfig)
     cs.store(group="model", name="full_schema", node=FullConfig)
     cs.store(group="model", name="crank_schema", node=CRANKConfig)
+    cs.store(group="model", name="tree_crf_schema", node=TreeCRFConfig)
     cs.store(group="data", name="mulan_schema", node=MulanDataConfig)
     cs.store(group="data", name="synthetic_schema", node=SyntheticDataConfig)
+    cs.store(group="data", name="tree_crf_synthetic_schema", node=TreeCRFSyntheticDataConfig)
     for name in mulan_datasets():  # data=<name> for every dataset of the Mulan catalog
         cs.store(group="data", name=name, node=MulanDataConfig(name=name))
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)

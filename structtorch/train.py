@@ -30,7 +30,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from .config import register_configs
-from .data import MultilabelDataModule, SyntheticDataModule
+from .data import MultilabelDataModule, SyntheticDataModule, TreeCRFSyntheticDataModule
 from .data.download import DownloadError
 from .learners import LEARNERS, StructuredLearner
 from .plots import close_figure
@@ -64,7 +64,9 @@ def build_datamodule(data_cfg: DictConfig, processes: int = 1) -> L.LightningDat
         return MultilabelDataModule(**kwargs)
     if kind == "synthetic":
         return SyntheticDataModule(**kwargs)
-    raise ValueError(f"data.kind must be 'mulan' or 'synthetic', got {kind!r}")
+    if kind == "tree_crf_synthetic":
+        return TreeCRFSyntheticDataModule(**kwargs)
+    raise ValueError(f"data.kind must be 'mulan', 'synthetic' or 'tree_crf_synthetic', got {kind!r}")
 
 
 def build_learner(model_cfg: DictConfig, dm: L.LightningDataModule) -> StructuredLearner:

@@ -94,7 +94,7 @@ def test_every_config_combination_composes(model, data, trainer, monkeypatch):
     assert {f.name for f in dataclasses.fields(ModelConfig)} <= set(cfg.model)
     assert set(cfg.model) - {"name", "tree"} <= params  # "tree" becomes FixedTree's edges in build_learner
     # data
-    assert cfg.data.kind in ("mulan", "synthetic")
+    assert cfg.data.kind in ("mulan", "synthetic", "tree_crf_synthetic")
     assert isinstance(cfg.data.batch_size, int) and cfg.data.batch_size >= 1
     if cfg.data.kind == "mulan":
         assert cfg.data.name == (data if data != "mulan" else "emotions")
@@ -114,7 +114,7 @@ def test_every_experiment_config_composes(experiment, monkeypatch):
     monkeypatch.delenv("STRUCTTORCH_MULAN_ROOT", raising=False)
     cfg = compose_cfg([f"+experiment={experiment}"])
     OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    assert cfg.model.name in LEARNERS and cfg.data.kind in ("mulan", "synthetic")
+    assert cfg.model.name in LEARNERS and cfg.data.kind in ("mulan", "synthetic", "tree_crf_synthetic")
 
 
 @pytest.mark.parametrize("model", MODELS)

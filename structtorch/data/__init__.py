@@ -1,5 +1,5 @@
 """Data: ARFF / Mulan loading (any Mulan dataset by name, downloaded with checksums), the synthetic
-CRANK generator, and LightningDataModules.
+CRANK generator, the synthetic tree-CRF generator of Bradley & Guestrin (2010), and LightningDataModules.
 
 Batches are tuples ``(x [B, D] float32, y [B, L] int64 in {0, 1})``.
 """
@@ -9,12 +9,14 @@ from .datamodule import (
     MultilabelDataModule,
     Standardizer,
     SyntheticDataModule,
+    TreeCRFSyntheticDataModule,
     kfold_indices,
     train_val_indices,
 )
 from .download import DownloadError, fetch_mulan, fill_cache_from, mulan_cache_dir, mulan_datasets
 from .mulan import MULAN_URL, MulanData, arff_to_multilabel, load_mulan, load_mulan_splits, read_mulan_labels
 from .synthetic import CrankSynthetic, crank_potentials, crank_synthetic, pruefer_decode, random_tree
+from .tree_crf_synthetic import TreeCRFSynthetic, random_attachment_tree, tree_crf_synthetic
 
 __all__ = [
     "MULAN_URL",
@@ -26,6 +28,8 @@ __all__ = [
     "MultilabelDataModule",
     "Standardizer",
     "SyntheticDataModule",
+    "TreeCRFSynthetic",
+    "TreeCRFSyntheticDataModule",
     "arff_to_multilabel",
     "crank_potentials",
     "crank_synthetic",
@@ -38,7 +42,9 @@ __all__ = [
     "mulan_cache_dir",
     "mulan_datasets",
     "pruefer_decode",
+    "random_attachment_tree",
     "random_tree",
     "read_mulan_labels",
     "train_val_indices",
+    "tree_crf_synthetic",
 ]

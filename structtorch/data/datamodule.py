@@ -1,4 +1,5 @@
-"""LightningDataModules for multi-label data: Mulan ARFF datasets and the synthetic CRANK data.
+"""LightningDataModules for multi-label data: Mulan ARFF datasets, the synthetic CRANK data and the
+synthetic tree-CRF data of Bradley & Guestrin (2010).
 
 Batches are tuples ``(x [B, D] float32, y [B, L] int64, index [B] int64)`` from a ``TensorDataset``;
 ``index`` is the example's position in its split (learners use it to warm-start per-example state,
@@ -19,9 +20,10 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from .download import fetch_mulan, mulan_datasets, mulan_files
 from .mulan import load_mulan_splits
 from .synthetic import crank_synthetic
+from .tree_crf_synthetic import tree_crf_synthetic
 
-__all__ = ["EpochShuffle", "MultilabelDataModule", "Shard", "Standardizer", "SyntheticDataModule", "kfold_indices",
-           "train_val_indices"]
+__all__ = ["EpochShuffle", "MultilabelDataModule", "Shard", "Standardizer", "SyntheticDataModule",
+           "TreeCRFSyntheticDataModule", "kfold_indices", "train_val_indices"]
 
 
 @dataclass
@@ -307,6 +309,33 @@ class SyntheticDataModule(_TensorDataModule):
     def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[str], list[str]]:
         d = crank_synthetic(self.num_train, self.num_test, self._num_labels_arg, self._num_features_arg,
                             seed=self.seed, pairwise_scale=self.pairwise_scale)
+        self.dataset = d
+        feats = [f"x{i}" for i in range(d.num_features)]
+        return d.x_train, d.y_train, d.x_test, d.y_test, feats, [f"y{i}" for i in range(d.num_labels)]
+
+
+class TreeCRFSyntheticDataModule(_TensorDataModule):
+    """The synthetic tree-CRF data of Bradley & Guestrin (ICML 2010) (``tree_crf_synthetic``): binary inputs
+    x0.. (one per label) and binary labels y0.., no files needed.
+
+    ``seed`` draws the model (tree + factors) and the data; the train/val split and shuffling use it too.
+    After ``setup()``, ``dataset`` holds the full ``TreeCRFSynthetic`` (true tree, factor tables).
+    """
+
+    def __init__(self, num_train: int = 500, num_test: int = 1000, num_labels: int = 40, structure: str = "tree",
+                 factors: str = "associative", strengths: tuple[float, float, float] | list[float] = (4.0, 2.0, 1.0),
+                 alternating: bool = True, cross: bool = True, cross_strength: float | None = None,
+                 joint: str = "intractable", batch_size: int = 64, val_fraction: float = 0.1, seed: int = 0,
+                 num_folds: int | None = None, fold: int = 0, num_workers: int = 0, standardize: bool = False) -> None:
+        super().__init__(batch_size, val_fraction, seed, num_folds, fold, num_workers, standardize)
+        self.save_hyperparameters()
+        self.options = dict(num_train=num_train, num_test=num_test, num_labels=num_labels, structure=structure,
+                            factors=factors, strengths=tuple(strengths), alternating=alternating, cross=cross,
+                            cross_strength=cross_strength, joint=joint)
+        self.dataset = None
+
+    def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[str], list[str]]:
+        d = tree_crf_synthetic(**self.options, seed=self.seed)
         self.dataset = d
         feats = [f"x{i}" for i in range(d.num_features)]
         return d.x_train, d.y_train, d.x_test, d.y_test, feats, [f"y{i}" for i in range(d.num_labels)]

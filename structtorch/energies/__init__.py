@@ -2,5 +2,6 @@
 
 from .base import Energy
 from .linear import FinleyJoachimsEnergy, LinearTableEnergy
+from .local import LocalLinearEnergy
 
-__all__ = ["Energy", "FinleyJoachimsEnergy", "LinearTableEnergy"]
+__all__ = ["Energy", "FinleyJoachimsEnergy", "LinearTableEnergy", "LocalLinearEnergy"]

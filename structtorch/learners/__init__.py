@@ -3,9 +3,10 @@
 from .base import TEST_INFERENCE, TRAIN_INFERENCE, StructuredLearner
 from .baselines import MST, FixedTree, Full, Greedy, Independent
 from .crank import CRANK, Project
+from .tree_crf import TreeCRF
 
 LEARNERS = {"independent": Independent, "fixed_tree": FixedTree, "full": Full, "crank": CRANK, "greedy": Greedy,
-            "mst": MST, "project": Project}
+            "mst": MST, "project": Project, "tree_crf": TreeCRF}
 
 __all__ = ["CRANK", "LEARNERS", "MST", "TEST_INFERENCE", "TRAIN_INFERENCE", "FixedTree", "Full", "Greedy",
-           "Independent", "Project", "StructuredLearner"]
+           "Independent", "Project", "StructuredLearner", "TreeCRF"]

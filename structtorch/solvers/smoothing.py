@@ -36,7 +36,8 @@ from ..energies import Energy
 from ..graph import Graph
 from ..inference import smoothed_lp, tree_logz, tree_map
 from ..potentials import Potentials
-from ..structure import circuit_rank, max_spanning_tree
+from ..structure.circuit_rank import circuit_rank
+from ..structure.spanning import max_spanning_tree
 from .bcfw import GapInfo, _check_lam, _check_mask, lift_models, one_hot_marginals
 from .lbfgs import BatchedLBFGS
 

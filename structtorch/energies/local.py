@@ -1,0 +1,105 @@
+"""Log-linear factors on local inputs (the tree CRFs of Bradley & Guestrin, ICML 2010).
+
+Label i sees the input columns X_i (its input mapping); an edge (i, j) sees X_ij = X_i u X_j:
+
+    unary_i(x)[a]     = U_ia^T x[X_i]  + b_ia
+    pairwise_e(x)[a, b] = V_eab^T x[X_ij] + c_eab.
+
+The mapping is data-dependent (e.g. chosen by l1 regression), so it lives in buffers of fixed shape
+(saved in checkpoints), set by ``set_inputs`` before training.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..graph import Graph
+from ..potentials import Potentials
+from .base import Energy
+from .linear import _as_graph, _check_num_models
+
+__all__ = ["LocalLinearEnergy", "pad_subsets"]
+
+
+class LocalLinearEnergy(Energy):
+    """K-state unary and pairwise tables, each linear in its own input columns.
+
+    Args:
+        num_features, num_labels: D, n.
+        num_inputs: the size k of each label's input set X_i (an edge sees at most 2k columns).
+        num_states: K.
+        graph: the (candidate) label graph; default complete.
+        local_unary: True: unary_i sees X_i; False: every unary sees all D columns.
+        num_models: M batched models (a regularisation grid): every parameter gets a leading [M] dim.
+
+    Parameters: unary_weight [(M,) n, Pu, K], unary_bias [(M,) n, K], pair_weight [(M,) E, 2k, K, K],
+    pair_bias [(M,) E, K, K]. Buffers: unary_inputs [n, Pu], pair_inputs [E, 2k] (column indices, -1 =
+    none). Potentials: unary [(M,) B, n, K], pairwise [(M,) B, E, K, K].
+    """
+
+    is_linear = True
+
+    def __init__(self, num_features: int, num_labels: int, num_inputs: int = 10, num_states: int = 2,
+                 graph: Graph | None = None, local_unary: bool = False, num_models: int | None = None) -> None:
+        super().__init__()
+        _check_num_models(num_models)
+        if not 1 <= num_inputs <= num_features:
+            raise ValueError(f"num_inputs must be in [1, num_features={num_features}], got {num_inputs}")
+        self.graph = Graph.complete(num_labels) if graph is None else _as_graph(graph, num_labels)
+        self.num_models, self.num_states, self.local_unary = num_models, num_states, local_unary
+        self.num_features = num_features
+        n, E, K = num_labels, self.graph.num_edges, num_states
+        unary_width = num_inputs if local_unary else num_features
+        self.register_buffer("unary_inputs", torch.full((n, unary_width), -1, dtype=torch.long))
+        self.register_buffer("pair_inputs", torch.full((E, 2 * num_inputs), -1, dtype=torch.long))
+        if not local_unary:
+            self.unary_inputs.copy_(torch.arange(num_features).expand(n, num_features))
+        lead = () if num_models is None else (num_models,)
+        self.unary_weight = nn.Parameter(torch.zeros(*lead, n, unary_width, K))
+        self.unary_bias = nn.Parameter(torch.zeros(*lead, n, K))
+        self.pair_weight = nn.Parameter(torch.zeros(*lead, E, 2 * num_inputs, K, K))
+        self.pair_bias = nn.Parameter(torch.zeros(*lead, E, K, K))
+
+    def set_inputs(self, inputs: list[list[int]]) -> None:
+        """Set the input mapping: ``inputs[i]`` = label i's columns (at most ``num_inputs`` each)."""
+        n, k = self.unary_inputs.shape[0], self.pair_inputs.shape[1] // 2
+        if len(inputs) != n or any(len(s) == 0 for s in inputs):
+            raise ValueError(f"inputs must list 1 to {k} input columns for each of the {n} labels")
+        unary = pad_subsets(inputs, self.num_features, k)
+        if self.local_unary:
+            self.unary_inputs.copy_(unary)
+        pairs = [sorted(set(inputs[i]) | set(inputs[j])) for i, j in self.graph.edges.tolist()]
+        self.pair_inputs.copy_(pad_subsets(pairs, self.num_features, 2 * k))
+
+    def forward(self, x: torch.Tensor) -> Potentials:
+        xz = torch.cat([x, x.new_zeros(x.shape[0], 1)], 1)  # column -1 reads zeros
+        xu, xp = xz[:, self.unary_inputs], xz[:, self.pair_inputs]  # [B, n, Pu], [B, E, 2k]
+        if self.num_models is None:
+            unary = torch.einsum("bnp,npk->bnk", xu, self.unary_weight) + self.unary_bias
+            pair = torch.einsum("bep,epkl->bekl", xp, self.pair_weight) + self.pair_bias
+        else:
+            unary = torch.einsum("bnp,mnpk->mbnk", xu, self.unary_weight) + self.unary_bias[:, None]
+            pair = torch.einsum("bep,mepkl->mbekl", xp, self.pair_weight) + self.pair_bias[:, None]
+        return Potentials(unary, pair, self.graph)
+
+    def restrict(self, mask: torch.Tensor) -> None:
+        """Keep the edges where ``mask`` [E] is True, with their weights and input columns."""
+        self.graph, mask = self._restricted_graph(mask)
+        keep = mask.to(self.pair_weight.device)
+        self.pair_inputs = self.pair_inputs[keep].clone()
+        self.pair_weight = nn.Parameter(self.pair_weight.detach()[..., keep, :, :, :].clone())
+        self.pair_bias = nn.Parameter(self.pair_bias.detach()[..., keep, :, :].clone())
+
+
+def pad_subsets(subsets: list[list[int]], num_columns: int, width: int | None = None) -> torch.Tensor:
+    """Column subsets (distinct indices in [0, num_columns)) as a LongTensor [R, width] padded with -1
+    (width default: the longest subset)."""
+    width = max([len(s) for s in subsets] + [1]) if width is None else width
+    out = torch.full((len(subsets), width), -1, dtype=torch.long)
+    for r, s in enumerate(subsets):
+        if len(s) > width or any(not 0 <= int(c) < num_columns for c in s) or len(set(s)) != len(s):
+            raise ValueError(f"input subset {r} must hold at most {width} distinct column indices in "
+                             f"[0, {num_columns}), got {list(s)}")
+        out[r, :len(s)] = torch.as_tensor([int(c) for c in s], dtype=torch.long)
+    return out

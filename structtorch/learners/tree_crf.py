@@ -1,0 +1,89 @@
+"""TreeCRF: tree conditional random fields with learned structure (Bradley & Guestrin, ICML 2010).
+
+Algorithm 1: weight every label pair by an edge score from estimated conditionals (``edge_scores``:
+piecewise, local CMI, DCI, global CMI, or the generative Chow-Liu score), keep the max spanning tree,
+then fit a tree CRF whose factors are log-linear in the labels' local inputs (``LocalLinearEnergy``)
+by l2-regularised conditional log-likelihood, exact through ``tree_logz`` (solver="lbfgs": L-BFGS
+with a duality-gap certificate; a list of l2 values is chosen by cross-validation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..energies import LocalLinearEnergy
+from ..graph import Graph
+from ..structure import EDGE_SCORES, edge_scores, max_spanning_tree, select_inputs
+from .base import StructuredLearner
+
+__all__ = ["TreeCRF"]
+
+INPUT_MAPPINGS = ("l1", "aligned")
+
+
+class TreeCRF(StructuredLearner):
+    """Tree CRF over the labels with its tree chosen by max spanning tree of edge scores.
+
+    Args:
+        score: the edge score, one of ``EDGE_SCORES`` ("dci" is the paper's choice).
+        inputs: the input mapping X_i of label i: "l1" (the ``num_inputs`` columns with the largest
+            weights of an l1 logistic regression of y_i) or "aligned" (column i, for data with one input
+            per label such as ``data=tree_crf_synthetic``; needs num_features == num_labels).
+        num_inputs: k, the size of each X_i under "l1".
+        local_unary: unary factors on X_i only (True) or on all inputs (False, default: real data, where
+            a label's evidence is spread over many features).
+        num_states: K, the label states.
+        score_folds: folds of the cross-validation that picks each conditional's l2 penalty.
+        Other args as ``StructuredLearner`` (loss defaults to "crf", solver "auto" = certified L-BFGS).
+    """
+
+    def __init__(self, num_features: int, num_labels: int, score: str = "dci", inputs: str = "l1",
+                 num_inputs: int = 10, local_unary: bool = False, num_states: int = 2, score_folds: int = 5,
+                 loss: str = "crf", **kwargs: Any) -> None:
+        if score not in EDGE_SCORES:
+            raise ValueError(f"model.score must be one of {EDGE_SCORES}, got {score!r}")
+        if inputs not in INPUT_MAPPINGS:
+            raise ValueError(f"model.inputs must be one of {INPUT_MAPPINGS}, got {inputs!r}")
+        if inputs == "aligned" and num_features != num_labels:
+            raise ValueError(f"model.inputs=aligned gives label i input column i and needs as many input columns "
+                             f"as labels, got {num_features} columns for {num_labels} labels: use inputs=l1")
+        if isinstance(num_inputs, bool) or not isinstance(num_inputs, int) or num_inputs < 1:
+            raise ValueError(f"model.num_inputs must be a positive int, got {num_inputs!r}")
+        if isinstance(score_folds, bool) or not isinstance(score_folds, int) or score_folds < 2:
+            raise ValueError(f"model.score_folds must be an int >= 2, got {score_folds!r}")
+        self._num_inputs = 1 if inputs == "aligned" else min(num_inputs, num_features)
+        self._local_unary, self._num_states = local_unary, num_states  # build_energy runs inside super().__init__
+        super().__init__(num_features, num_labels, loss=loss, **kwargs)
+        self.save_hyperparameters({"score": score, "inputs": inputs, "num_inputs": num_inputs,
+                                   "local_unary": local_unary, "num_states": num_states, "score_folds": score_folds})
+        n = num_labels
+        self.register_buffer("edge_score", torch.zeros(n * (n - 1) // 2, dtype=torch.float64))  # on Graph.complete
+
+    def build_energy(self) -> LocalLinearEnergy:
+        hp = self.hparams
+        return LocalLinearEnergy(hp.num_features, hp.num_labels, self._num_inputs, self._num_states,
+                                 Graph.complete(hp.num_labels), local_unary=self._local_unary,
+                                 num_models=self.num_models)
+
+    def input_mapping(self, x: torch.Tensor, y: torch.Tensor) -> list[list[int]]:
+        """X_i for every label, from the training set x [N, D], y [N, n]."""
+        if self.hparams.inputs == "aligned":
+            return [[i] for i in range(self.hparams.num_labels)]
+        return select_inputs(x, y, self._num_inputs)
+
+    def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Input mapping, edge scores on the complete graph, and their max spanning tree (bool [E])."""
+        hp = self.hparams
+        inputs = self.input_mapping(x, y)
+        self.energy.set_inputs(inputs)
+        scores = edge_scores(x, y, hp.score, inputs=inputs, num_states=hp.num_states, cv_folds=hp.score_folds)
+        self.edge_score = scores.to(self.edge_score)
+        return max_spanning_tree(scores, Graph.complete(self.hparams.num_labels)).cpu()
+
+    def structure_weights(self) -> torch.Tensor | None:
+        """The edge score of each kept edge [E] (what the max spanning tree maximised)."""
+        if not self.structure_mask.numel():
+            return None
+        return self.edge_score[self.structure_mask.to(self.edge_score.device)].float().cpu()

@@ -1,0 +1,224 @@
+"""Estimated conditionals P(T_r | X_{C_r}) of many small regressions at once (Bradley & Guestrin 2010, Sec. 5.1).
+
+Every regression r predicts a discrete target T_r [N] (C classes) from a subset C_r of the input
+columns. ``conditional_log_probs`` fits all of them as one batched program and returns the fitted
+log P(T_r = c | x_{n, C_r}) [R, N, C] at every training example, by one of two estimators:
+
+- tables of counts with one extra example per class (add-one smoothing) when every subset's inputs
+  are small discrete values (at most ``max_table_cells`` joint configurations);
+- multinomial logistic regression with an l2 penalty, the penalty chosen per regression by k-fold
+  cross-validation (held-out log-likelihood) over a grid (default: 10 log-spaced values in
+  [0.001, 50], the paper's): every fold of every grid value of every regression, and every grid
+  value on the whole data, is one model of one batched Newton solve (chunked over regressions to
+  bound memory), then each regression keeps its best value's whole-data fit.
+
+Subsets are LongTensors [R, P] of column indices padded with -1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..energies.local import pad_subsets
+from ..solvers.proximal import BatchedFISTA
+
+__all__ = ["LAMBDA_GRID", "conditional_log_probs", "fit_logistic", "select_inputs", "pad_subsets"]
+
+#: the paper's regularisation grid: 10 log-spaced values in [0.001, 50]
+LAMBDA_GRID = tuple(float(v) for v in torch.logspace(math.log10(1e-3), math.log10(50.0), 10, dtype=torch.float64))
+
+
+def conditional_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.Tensor, num_classes: int,
+                          estimator: str = "auto", lambdas: tuple[float, ...] = LAMBDA_GRID, cv_folds: int = 5,
+                          max_table_cells: int = 64, seed: int = 0) -> torch.Tensor:
+    """Fitted log P(target_r = c | x[:, subsets_r]) [R, N, C] at the N examples.
+
+    x [N, D] float; target [R, N] long in [0, num_classes); subsets [R, P] long (-1 = padding).
+    estimator: "table" (counts, add-one), "logistic" (l2 logistic regression, penalty by CV over
+    ``lambdas``) or "auto" (table when x is small non-negative integers with at most
+    ``max_table_cells`` configurations on every subset, else logistic).
+    """
+    if estimator not in ("auto", "table", "logistic"):
+        raise ValueError(f"estimator must be 'auto', 'table' or 'logistic', got {estimator!r}")
+    cells = _table_cells(x, subsets)
+    if estimator == "table" and cells is None:
+        raise ValueError("estimator='table' needs x of non-negative integers")
+    if estimator == "table" or (estimator == "auto" and cells is not None and cells <= max_table_cells):
+        return table_log_probs(x, target, subsets, num_classes)
+    return logistic_cv_log_probs(_standardize(x), target, subsets, num_classes, lambdas, cv_folds, seed)
+
+
+def _table_cells(x: torch.Tensor, subsets: torch.Tensor) -> int | None:
+    """The largest number of joint configurations of a subset's columns, or None when x is not discrete."""
+    if bool((x < 0).any()) or not bool((x == x.round()).all()):
+        return None
+    card = torch.cat([x.max(0).values.long() + 1, torch.ones(1, dtype=torch.long)])  # padding column: 1 value
+    return int(card[subsets].double().log().sum(1).exp().round().max()) if subsets.numel() else 1
+
+
+def table_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """log P(target | configuration) [R, N, C] from counts with one extra example per class."""
+    R, N = target.shape
+    C = num_classes
+    xi = torch.cat([x.long(), x.new_zeros(N, 1, dtype=torch.long)], 1)
+    card = torch.cat([xi.max(0).values + 1, torch.ones(1, dtype=torch.long, device=x.device)])[subsets]  # [R, P]
+    radix = torch.cumprod(torch.cat([torch.ones_like(card[:, :1]), card[:, :-1]], 1), 1)  # [R, P]
+    code = (xi[:, subsets] * radix).sum(-1).T  # [R, N]
+    cfg = int(card.prod(1).max())
+    flat = (torch.arange(R, device=x.device)[:, None] * cfg + code) * C + target
+    counts = torch.zeros(R * cfg * C, dtype=torch.float64, device=x.device).index_add_(
+        0, flat.reshape(-1), torch.ones(R * N, dtype=torch.float64, device=x.device)).view(R, cfg, C) + 1.0
+    log_p = counts.log() - counts.sum(-1, keepdim=True).log()
+    return log_p.gather(1, code[:, :, None].expand(R, N, C))
+
+
+def _standardize(x: torch.Tensor) -> torch.Tensor:
+    x = x.to(torch.float64)
+    return (x - x.mean(0)) / x.std(0, unbiased=False).clamp_min(1e-12)
+
+
+def _design(x: torch.Tensor, subsets: torch.Tensor) -> torch.Tensor:
+    """The regressions' inputs [R, N, P] (padding columns are zeros)."""
+    xz = torch.cat([x, x.new_zeros(x.shape[0], 1)], 1)
+    return xz[:, subsets].permute(1, 0, 2)
+
+
+def fit_logistic(design: torch.Tensor, target: torch.Tensor, num_classes: int, lam: torch.Tensor,
+                 weight: torch.Tensor, tol: float = 1e-12, max_iter: int = 100, bias_ridge: float = 1e-6
+                 ) -> torch.Tensor:
+    """Multinomial logistic regressions, all at once by Newton's method: for every fold f, penalty g
+    and regression r, minimise sum_n weight[f, n] * NLL_r(n) + lam[g]/2 ||W||^2 (+ bias_ridge/2 ||b||^2,
+    which only fixes the softmax's free shift of the biases).
+
+    design [R, N, P] float64, target [R, N] long, lam [G], weight [F, N] >= 0. Returns theta
+    [F, G, R, P + 1, C]: the weights, then the biases in row P. Each model takes its own backtracking
+    Newton steps until its Newton decrement g^T H^-1 g / 2 <= tol (or ``max_iter`` steps).
+    """
+    R, N, P = design.shape
+    F, G, C = weight.shape[0], lam.shape[0], num_classes
+    z = torch.cat([design, design.new_ones(R, N, 1)], -1)  # [R, N, Q]
+    Q = P + 1
+    onehot = torch.nn.functional.one_hot(target, C).to(design.dtype)  # [R, N, C]
+    pen = torch.cat([lam[:, None].expand(G, P), lam.new_full((G, 1), bias_ridge)], 1)[None, :, None, :, None]
+    wt = weight[:, None, None, :, None]  # [F, 1, 1, N, 1]
+
+    def value(theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logp = torch.einsum("rnq,fgrqc->fgrnc", z, theta).log_softmax(-1)
+        f = -(wt * onehot * logp).sum((-1, -2)) + 0.5 * (pen * theta.pow(2)).sum((-1, -2))
+        return f, logp
+
+    zz = (z[..., :, None] * z[..., None, :]).reshape(R, N, Q * Q)
+    theta = design.new_zeros(F, G, R, Q, C)
+    f, logp = value(theta)
+    active = torch.ones(F, G, R, dtype=torch.bool, device=design.device)
+    for _ in range(max_iter):
+        # Newton directions on the block of penalties and regressions that still have an open model
+        gi, ri = active.any(2).any(0).nonzero()[:, 0], active.any(1).any(0).nonzero()[:, 0]
+        step, dec = _newton_step(z[ri], zz[ri], onehot[ri], wt, pen[:, gi], theta[:, gi][:, :, ri],
+                                 logp[:, gi][:, :, ri])
+        d, decrement = torch.zeros_like(theta), torch.zeros_like(f)
+        d[:, gi[:, None], ri] = -step
+        decrement[:, gi[:, None], ri] = dec
+        active &= decrement > tol
+        if not bool(active.any()):
+            break
+        t = active.to(design.dtype)
+        for _ in range(30):  # backtracking (Armijo) per model
+            f_new, logp_new = value(theta + t[..., None, None] * d)
+            ok = (f_new <= f - 1e-4 * t * 2 * decrement) | (t == 0)
+            if bool(ok.all()):
+                break
+            t = torch.where(ok, t, 0.5 * t)
+        t = torch.where(ok, t, 0.0)
+        theta = theta + t[..., None, None] * d
+        moved = t > 0
+        f = torch.where(moved, f_new, f)
+        logp = torch.where(moved[..., None, None], logp_new, logp)
+        active &= moved
+    return theta
+
+
+def _newton_step(z: torch.Tensor, zz: torch.Tensor, onehot: torch.Tensor, wt: torch.Tensor, pen: torch.Tensor,
+                 theta: torch.Tensor, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """H^-1 g [F, G, R, Q, C] and the Newton decrement g^T H^-1 g / 2 [F, G, R] of ``fit_logistic``'s models
+    (z [R, N, Q], zz [R, N, Q*Q], onehot [R, N, C], logp [F, G, R, N, C])."""
+    F, G, R, Q, C = theta.shape
+    N = z.shape[1]
+    p = logp.exp()
+    grad = torch.einsum("rnq,fgrnc->fgrqc", z, wt * (p - onehot)) + pen * theta
+    A = wt[..., None] * (torch.diag_embed(p) - p[..., :, None] * p[..., None, :])  # [F, G, R, N, C, C]
+    H = torch.bmm(A.permute(2, 0, 1, 4, 5, 3).reshape(R, F * G * C * C, N), zz)  # [R, F G C C, Q Q]
+    H = H.view(R, F, G, C, C, Q, Q).permute(1, 2, 0, 5, 3, 6, 4).reshape(F, G, R, Q * C, Q * C)
+    H = H + torch.diag_embed(pen.expand(F, G, R, Q, C).reshape(F, G, R, Q * C))
+    step = torch.cholesky_solve(grad.reshape(F, G, R, Q * C, 1), torch.linalg.cholesky(H))
+    return step.view(F, G, R, Q, C), 0.5 * (grad.reshape(F, G, R, -1) * step[..., 0]).sum(-1)
+
+
+def _folds(num_examples: int, cv_folds: int, seed: int, device: torch.device) -> torch.Tensor:
+    """Seeded balanced fold [N] of each example."""
+    perm = torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed))
+    fold = torch.empty(num_examples, dtype=torch.long).index_put_((perm,), torch.arange(num_examples) % cv_folds)
+    return fold.to(device)
+
+
+def logistic_cv_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.Tensor, num_classes: int,
+                          lambdas: tuple[float, ...] = LAMBDA_GRID, cv_folds: int = 5, seed: int = 0,
+                          chunk_elements: int = 1 << 24) -> torch.Tensor:
+    """log P(target | x[:, subsets]) [R, N, C] of l2 logistic regressions, each with its penalty chosen by
+    ``cv_folds``-fold cross-validation over ``lambdas`` (held-out log-likelihood), refit on all N."""
+    R, N = target.shape
+    if cv_folds < 2 or cv_folds > N:
+        raise ValueError(f"cv_folds must be in [2, N={N}], got {cv_folds}")
+    x = x.to(torch.float64)
+    fold = _folds(N, cv_folds, seed, x.device)
+    held = torch.nn.functional.one_hot(fold, cv_folds).T.to(x.dtype)  # [k, N]
+    weight = torch.cat([1.0 - held, torch.ones_like(held[:1])])  # [k + 1, N]: folds, then all data
+    lam = torch.as_tensor(lambdas, dtype=x.dtype, device=x.device)
+    Q, C = subsets.shape[1] + 1, num_classes
+    per_regression = weight.shape[0] * len(lambdas) * (N * C * C + (Q * C) ** 2)  # curvature + Hessian entries
+    step = max(1, chunk_elements // per_regression)
+    out = []
+    for lo in range(0, R, step):
+        sub, tgt = subsets[lo:lo + step], target[lo:lo + step]
+        design = _design(x, sub)
+        theta = fit_logistic(design, tgt, num_classes, lam, weight)
+        z = torch.cat([design, design.new_ones(*design.shape[:2], 1)], -1)
+        log_p = torch.einsum("rnq,fgrqc->fgrnc", z, theta).log_softmax(-1)  # [k + 1, G, r, N, C]
+        at_target = log_p.gather(-1, tgt.expand(*log_p.shape[:-1])[..., None])[..., 0]  # [k+1, G, r, N]
+        cv = (at_target[:-1] * held[:, None, None, :]).sum((0, -1))  # [G, r] held-out log-likelihood
+        best = cv.argmax(0)
+        out.append(log_p[-1].gather(0, best[None, :, None, None].expand(1, *log_p.shape[2:]))[0])
+    return torch.cat(out)
+
+
+def select_inputs(x: torch.Tensor, y: torch.Tensor, num_inputs: int = 10, strength: float = 0.1,
+                  iters: int = 500) -> list[list[int]]:
+    """An input mapping: for each label, the ``num_inputs`` columns of x [N, D] with the largest weights of
+    an l1-regularised logistic regression of y_i [N] (all labels fitted at once by ``BatchedFISTA``).
+
+    strength: the l1 weight as a fraction of the smallest weight that zeroes every coefficient; columns
+    with equal (e.g. zero) weight are ranked by their gradient at zero (their correlation with y_i).
+    """
+    if not 1 <= num_inputs:
+        raise ValueError(f"num_inputs must be >= 1, got {num_inputs}")
+    xs = _standardize(x)
+    N, D = xs.shape
+    n, K = y.shape[1], max(int(y.max()) + 1, 2)
+    onehot = torch.nn.functional.one_hot(y.T, K).to(xs.dtype)  # [n, N, K]
+    prior = onehot.mean(1, keepdim=True).clamp_min(1e-12)  # [n, 1, K]
+    grad0 = torch.einsum("nd,lnk->ldk", xs, prior - onehot).abs().amax(-1) / N  # [n, D]
+    W = xs.new_zeros(n, D, K, requires_grad=True)
+    b = prior.log()[:, 0].clone().requires_grad_()
+
+    def smooth() -> torch.Tensor:
+        logits = torch.einsum("nd,ldk->lnk", xs, W) + b[:, None]
+        return -(logits.log_softmax(-1) * onehot).sum((1, 2)) / N
+
+    c = strength * grad0.amax(1)  # [n]
+    fista = BatchedFISTA([W, b], smooth, [c[:, None, None].expand(n, D, K), None])
+    fista.run(iters)
+    key = W.detach().abs().amax(-1) + 1e-9 * grad0 / grad0.amax(1, keepdim=True).clamp_min(1e-300)
+    top = key.argsort(1, descending=True)[:, :min(num_inputs, D)]
+    return [sorted(int(c) for c in row) for row in top]
