@@ -1,4 +1,4 @@
-"""Independent (Empty), FixedTree (Chow-Liu) and Full on the Mulan standard splits, CRANK Table 1 protocol,
+"""Independent (Empty), FixedTree (Chow-Liu), Full and TreeCRF on the Mulan standard splits, CRANK Table 1 protocol,
 beside sklearn's ensemble of classifier chains measured in the same run.
 
     python experiments/baselines_mulan.py [--datasets scene emotions yeast] [--models independent fixed_tree full]

@@ -8,18 +8,25 @@ Each row is one run of the CLI code path (``structtorch.train.run`` on the compo
 and scored once on the test file. One l2 per dataset for every model: by default the value that
 5-fold cross-validation on the training file chose for FixedTree in ``baselines_mulan.md`` (the test
 file never chooses anything). Per-model CV of l2 is not run here (CRANK's restarts already use the
-batch dimension). Writes <out>.md / .csv with the paper's rows beside ours, and the learned trees.
+batch dimension). Writes <out>.md / .csv with the paper's rows beside ours, the learned trees, and
+Table 2 (train and test time relative to Full, for the datasets where Full ran in the same call;
+"test s" is the prediction of the whole test file by the trained learner, ``learner(x_test)``,
+best of 3: energy plus inference, without the test loop's data loading and metrics).
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
+import time
 from pathlib import Path
 
+import torch
 from hydra import compose, initialize_config_dir
 from tables import write_table
 
+from structtorch.data import Standardizer, load_mulan_splits
+from structtorch.learners import LEARNERS
 from structtorch.train import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,16 +40,34 @@ PAPER = {  # Table 1, Hamming / 0-1 / example F1 (%)
     "MST": {"scene": (89.9, 53.0, 59.6), "emotions": (79.1, 28.2, 57.5), "yeast": (80.1, 16.1, 60.3)},
     "Empty": {"scene": (89.3, 49.5, 56.5), "emotions": (76.7, 20.3, 48.5), "yeast": (79.8, 12.1, 58.0)},
 }
+PAPER_TABLE2 = {"CRANK": "1.82 / 0.02", "Full": "1.0 / 1.0", "Project": "0.17 / 0.06", "MST": "1.32 / 0.02",
+                "Empty": "0.01 / 0.02"}  # Table 2 (yeast): time relative to Full
 L2_BY_CV = {"scene": 0.3, "emotions": 0.1, "yeast": 0.03}  # FixedTree's 5-fold CV choice (baselines_mulan.md)
 
 
 def run_one(model: str, data: str, l2: float, out: Path) -> dict:
+    """One Table 1 cell; adds ``predict_seconds``: the best of 3 timed ``learner(x_test)`` calls on the whole
+    (standardised) test file, the trained learner loaded from the run's last checkpoint."""
     overrides = ["+experiment=crank_table1", f"model={model}", f"data={data}", f"model.l2={l2}",
-                 "data.val_fraction=0", "logger=none", "trainer.max_epochs=200", "trainer.enable_progress_bar=false",
-                 "trainer.enable_checkpointing=false"]
+                 "data.val_fraction=0", "logger=none", "trainer.max_epochs=200", "trainer.enable_progress_bar=false"]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
-    return run(cfg, out)
+    metrics = run(cfg, out)
+    learner = LEARNERS[model].load_from_checkpoint(next(out.rglob("last.ckpt")), map_location="cpu").eval()
+    d = load_mulan_splits(data, progress=False)
+    x_test = Standardizer.fit(d.x_train).transform(d.x_test).float()
+    with torch.no_grad():
+        metrics["predict_seconds"] = min(_timed(learner, x_test) for _ in range(3))
+        if model == "full":  # the paper's Full predicts with an LP solver (GLPK): ours is lp_map (HiGHS)
+            learner.hparams.test_inference = "lp_map"
+            metrics["lp_predict_seconds"] = _timed(learner, x_test)
+    return metrics
+
+
+def _timed(learner: torch.nn.Module, x: torch.Tensor) -> float:
+    t0 = time.perf_counter()
+    learner(x)
+    return time.perf_counter() - t0
 
 
 def row(model: str, data: str, l2: float, m: dict) -> dict:
@@ -54,6 +79,7 @@ def row(model: str, data: str, l2: float, m: dict) -> dict:
             "paper H / 0-1 / F1": " / ".join(map(str, paper)) if paper else "too slow",
             "edges": structure["num_edges"], "forest": structure["is_forest"],
             "converged": m["solver"].get("converged"), "train s": round(m["train_seconds"], 1),
+            "test s": round(m["predict_seconds"], 4), "lp test s": round(m.get("lp_predict_seconds", 0.0), 3),
             "tree": " ".join(f"{a}~{b}" for a, b, _ in structure["edges"]) if structure["is_forest"] else ""}
 
 
@@ -76,10 +102,27 @@ def main() -> None:
 
 def write(rows: list[dict], out: Path) -> None:
     columns = ["dataset", "model", "l2", "hamming_acc", "subset_acc", "example_f1", "paper H / 0-1 / F1", "edges",
-               "converged", "train s"]
+               "converged", "train s", "test s"]
     trees = ["", "Learned trees (label pairs):", ""] + [f"- {r['dataset']} {r['model']}: {r['tree']}"
                                                         for r in rows if r["tree"]]
-    write_table(rows, out, columns, trees)
+    write_table(rows, out, columns, trees + table2(rows))
+
+
+def table2(rows: list[dict]) -> list[str]:
+    """Table 2: each model's train and test time relative to Full's on the same dataset (same run); test
+    time also relative to Full predicting with the exact LP solver (the paper's protocol)."""
+    full = {r["dataset"]: r for r in rows if r["model"] == "Full"}
+    lines = [f"| {r['dataset']} | {r['model']} | {r['train s'] / f['train s']:.2f} | {r['test s']:.4f} | "
+             f"{r['test s'] / f['test s']:.3f} | {r['test s'] / f['lp test s']:.4f} | "
+             f"{PAPER_TABLE2.get(r['model'], '')} |"
+             for r in rows if (f := full.get(r["dataset"])) is not None]
+    if not lines:
+        return []
+    return ["", "Table 2: time relative to Full in the same run (test = prediction of the whole test file; "
+            "Full predicts with the smoothed LP, or with the exact LP solver lp_map as in the paper):", "",
+            "| dataset | model | train / Full | test s | test / Full | test / Full (LP solver) | "
+            "paper yeast train / test |", "|---|---|---|---|---|---|---|", *lines]
+
 
 if __name__ == "__main__":
     main()

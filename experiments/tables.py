@@ -1,8 +1,10 @@
-"""Result tables of the experiments: one list of row dicts -> <out>.csv and a markdown <out>.md."""
+"""Result tables of the experiments: one list of row dicts -> <out>.csv and a markdown <out>.md; per-group
+means with 2 standard errors, and their curves as a PNG."""
 
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 
 
@@ -20,3 +22,65 @@ def write_table(rows: list[dict], out: Path, columns: list[str] | None = None, f
     text = "\n".join([*lines, *footer]) + "\n"
     out.with_suffix(".md").write_text(text)
     print(text)
+
+
+def mean_2se(values: list[float]) -> tuple[float | str, float | str]:
+    """Mean and 2 standard errors (ddof 1) of ``values``; "" where there are no values / fewer than two."""
+    v = [float(x) for x in values if x != "" and not math.isnan(float(x))]
+    if not v:
+        return "", ""
+    mean = sum(v) / len(v)
+    if len(v) < 2:
+        return round(mean, 4), ""
+    sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1))
+    return round(mean, 4), round(2 * sd / math.sqrt(len(v)), 4)
+
+
+def summarize(rows: list[dict], by: list[str], metrics: list[str]) -> list[dict]:
+    """One row per distinct ``by`` tuple (in order of first appearance): ``runs``, and for every metric its
+    mean (column ``metric``) and 2 standard errors (column ``metric 2se``) over the group's rows."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in by), []).append(r)
+    out = []
+    for key, cell in groups.items():
+        s = {**dict(zip(by, key)), "runs": len(cell)}
+        for m in metrics:
+            s[m], s[f"{m} 2se"] = mean_2se([r[m] for r in cell])
+        out.append(s)
+    return out
+
+
+def plot_curves(summary: list[dict], x: str, series: str, metrics: dict[str, str], path: Path, title: str,
+                xlabel: str, log_y: tuple[str, ...] = ()) -> None:
+    """One panel per metric (``metrics``: column -> panel title): mean +- 2 SE against ``x`` (log axis), one
+    line per value of ``series``; saved as a PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4.2), squeeze=False)
+    names = list(dict.fromkeys(s[series] for s in summary))
+    xs = sorted({s[x] for s in summary})
+    for ax, (k, panel) in zip(axes[0], metrics.items()):
+        for i, name in enumerate(names):
+            cell = sorted((s for s in summary if s[series] == name and s[k] != ""), key=lambda s: s[x])
+            if cell:
+                ax.errorbar([s[x] for s in cell], [s[k] for s in cell], marker="os^vDx<>"[i % 8], capsize=3,
+                            yerr=[s[f"{k} 2se"] or 0.0 for s in cell], color=f"C{i % 10}")
+        ax.set_xscale("log")
+        ax.set_xticks(xs, [str(v) for v in xs])
+        ax.minorticks_off()
+        if k in log_y:
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_title(panel)
+        ax.grid(alpha=0.3)
+    fig.legend(handles=[Line2D([], [], color=f"C{i % 10}", marker="os^vDx<>"[i % 8], label=name)
+                        for i, name in enumerate(names)], loc="center right", fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

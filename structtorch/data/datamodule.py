@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import lightning as L
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -80,11 +79,14 @@ def kfold_indices(n: int, num_folds: int, fold: int, seed: int) -> tuple[torch.T
         raise ValueError(f"num_folds must be an int in [2, n={n}], got {num_folds!r}")
     if isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < num_folds:
         raise ValueError(f"fold must be an int in [0, num_folds={num_folds}), got {fold!r}")
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    member = torch.from_numpy(np.arange(n) % num_folds)  # fold of perm[k]
-    in_fold = torch.zeros(n, dtype=torch.bool)
-    in_fold[perm[member == fold]] = True
+    in_fold = fold_assignment(n, num_folds, seed) == fold
     return in_fold.logical_not().nonzero().squeeze(1), in_fold.nonzero().squeeze(1)
+
+
+def fold_assignment(n: int, num_folds: int, seed: int) -> torch.Tensor:
+    """The fold [n] (long, in [0, num_folds)) of each of n examples: a seeded balanced partition."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return torch.empty(n, dtype=torch.long).index_put_((perm,), torch.arange(n) % num_folds)
 
 
 def _indexed(x: torch.Tensor, y: torch.Tensor) -> TensorDataset:

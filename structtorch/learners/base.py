@@ -22,6 +22,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from ..data.datamodule import fold_assignment
 from ..energies import Energy
 from ..graph import Graph
 from ..inference import tree_map
@@ -232,9 +233,7 @@ class StructuredLearner(L.LightningModule):
 
     def cv_folds_of(self, num_examples: int) -> torch.Tensor:
         """The fold [N] of each training example (seeded, balanced)."""
-        perm = torch.randperm(num_examples, generator=torch.Generator().manual_seed(0))
-        return torch.empty(num_examples, dtype=torch.long).index_put_((perm,), torch.arange(num_examples) %
-                                                                      self.hparams.cv_folds)
+        return fold_assignment(num_examples, self.hparams.cv_folds, seed=0)
 
     def _grid(self, num_examples: int) -> tuple[float | torch.Tensor, torch.Tensor | None]:
         """(lambda per model [M], training mask [M, N]) of the grid; (l2, None) without one."""

@@ -9,8 +9,9 @@ log P(T_r = c | x_{n, C_r}) [R, N, C] at every training example, by one of two e
 - multinomial logistic regression with an l2 penalty, the penalty chosen per regression by k-fold
   cross-validation (held-out log-likelihood) over a grid (default: 10 log-spaced values in
   [0.001, 50], the paper's): every fold of every grid value of every regression, and every grid
-  value on the whole data, is one model of one batched Newton solve (chunked over regressions to
-  bound memory), then each regression keeps its best value's whole-data fit.
+  value on the whole data, is one model of one batched solve (Newton for small input sets, L-BFGS
+  for large ones such as global inputs; chunked over regressions to bound memory), then each
+  regression keeps its best value's whole-data fit.
 
 Subsets are LongTensors [R, P] of column indices padded with -1.
 """
@@ -21,11 +22,15 @@ import math
 
 import torch
 
+from ..data.datamodule import fold_assignment
 from ..energies.local import pad_subsets
+from ..solvers.lbfgs import BatchedLBFGS
 from ..solvers.proximal import BatchedFISTA
 
 __all__ = ["LAMBDA_GRID", "conditional_log_probs", "fit_logistic", "select_inputs", "pad_subsets"]
 
+#: parameters per regression up to which ``fit_logistic`` uses Newton's method (L-BFGS above)
+NEWTON_MAX_PARAMS = 1024
 #: the paper's regularisation grid: 10 log-spaced values in [0.001, 50]
 LAMBDA_GRID = tuple(float(v) for v in torch.logspace(math.log10(1e-3), math.log10(50.0), 10, dtype=torch.float64))
 
@@ -42,20 +47,21 @@ def conditional_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.
     """
     if estimator not in ("auto", "table", "logistic"):
         raise ValueError(f"estimator must be 'auto', 'table' or 'logistic', got {estimator!r}")
-    cells = _table_cells(x, subsets)
-    if estimator == "table" and cells is None:
+    log_cells = _log_table_cells(x, subsets)
+    if estimator == "table" and log_cells is None:
         raise ValueError("estimator='table' needs x of non-negative integers")
-    if estimator == "table" or (estimator == "auto" and cells is not None and cells <= max_table_cells):
+    if estimator == "table" or (estimator == "auto" and log_cells is not None
+                                and log_cells <= math.log(max_table_cells) + 1e-9):
         return table_log_probs(x, target, subsets, num_classes)
-    return logistic_cv_log_probs(_standardize(x), target, subsets, num_classes, lambdas, cv_folds, seed)
+    return logistic_cv_log_probs(_standardize(x), target, subsets, num_classes, lambdas, cv_folds, seed)[0]
 
 
-def _table_cells(x: torch.Tensor, subsets: torch.Tensor) -> int | None:
-    """The largest number of joint configurations of a subset's columns, or None when x is not discrete."""
+def _log_table_cells(x: torch.Tensor, subsets: torch.Tensor) -> float | None:
+    """log of the largest number of joint configurations of a subset's columns; None when x is not discrete."""
     if bool((x < 0).any()) or not bool((x == x.round()).all()):
         return None
-    card = torch.cat([x.max(0).values.long() + 1, torch.ones(1, dtype=torch.long)])  # padding column: 1 value
-    return int(card[subsets].double().log().sum(1).exp().round().max()) if subsets.numel() else 1
+    card = torch.cat([x.max(0).values.double() + 1, x.new_ones(1, dtype=torch.float64)])  # padding column: 1 value
+    return float(card[subsets].log().sum(1).max()) if subsets.numel() else 0.0
 
 
 def table_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -86,33 +92,58 @@ def _design(x: torch.Tensor, subsets: torch.Tensor) -> torch.Tensor:
 
 
 def fit_logistic(design: torch.Tensor, target: torch.Tensor, num_classes: int, lam: torch.Tensor,
-                 weight: torch.Tensor, tol: float = 1e-12, max_iter: int = 100, bias_ridge: float = 1e-6
+                 weight: torch.Tensor, bias_ridge: float = 1e-6, max_newton_params: int = NEWTON_MAX_PARAMS
                  ) -> torch.Tensor:
-    """Multinomial logistic regressions, all at once by Newton's method: for every fold f, penalty g
-    and regression r, minimise sum_n weight[f, n] * NLL_r(n) + lam[g]/2 ||W||^2 (+ bias_ridge/2 ||b||^2,
-    which only fixes the softmax's free shift of the biases).
+    """Multinomial logistic regressions, all at once: for every fold f, penalty g and regression r, minimise
+    sum_n weight[f, n] * NLL_r(n) + lam[g]/2 ||W||^2 (+ bias_ridge/2 ||b||^2, which only fixes the
+    softmax's free shift of the biases).
 
     design [R, N, P] float64, target [R, N] long, lam [G], weight [F, N] >= 0. Returns theta
-    [F, G, R, P + 1, C]: the weights, then the biases in row P. Each model takes its own backtracking
-    Newton steps until its Newton decrement g^T H^-1 g / 2 <= tol (or ``max_iter`` steps).
+    [F, G, R, P + 1, C]: the weights, then the biases in row P. With at most ``max_newton_params``
+    parameters per model, each model takes its own backtracking Newton steps until its Newton decrement
+    is <= 1e-12; with more (e.g. global inputs), ``BatchedLBFGS`` runs until every model's gradient norm
+    is <= 1e-7 times its initial one.
     """
     R, N, P = design.shape
     F, G, C = weight.shape[0], lam.shape[0], num_classes
     z = torch.cat([design, design.new_ones(R, N, 1)], -1)  # [R, N, Q]
-    Q = P + 1
     onehot = torch.nn.functional.one_hot(target, C).to(design.dtype)  # [R, N, C]
     pen = torch.cat([lam[:, None].expand(G, P), lam.new_full((G, 1), bias_ridge)], 1)[None, :, None, :, None]
     wt = weight[:, None, None, :, None]  # [F, 1, 1, N, 1]
 
     def value(theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(objective [F, G, R], log-probabilities [F, G, R, N, C]) at theta [F, G, R, Q, C]."""
         logp = torch.einsum("rnq,fgrqc->fgrnc", z, theta).log_softmax(-1)
-        f = -(wt * onehot * logp).sum((-1, -2)) + 0.5 * (pen * theta.pow(2)).sum((-1, -2))
-        return f, logp
+        return -(wt * onehot * logp).sum((-1, -2)) + 0.5 * (pen * theta.pow(2)).sum((-1, -2)), logp
 
+    theta = design.new_zeros(F, G, R, P + 1, C)
+    if (P + 1) * C > max_newton_params:
+        return _fit_lbfgs(value, theta)
+    return _fit_newton(value, theta, z, onehot, wt, pen)
+
+
+def _fit_lbfgs(value, theta: torch.Tensor, tol: float = 1e-7, max_iter: int = 2000) -> torch.Tensor:
+    """``fit_logistic`` by L-BFGS, every model its own memory and line search."""
+    shape = theta.shape
+    flat = theta.reshape(-1, *shape[3:]).clone().requires_grad_()
+    opt = BatchedLBFGS([flat], lambda: value(flat.view(shape))[0].reshape(-1), num_models=flat.shape[0])
+    g0 = opt.grad.norm(dim=1)
+    active = g0 > 0
+    for _ in range(max_iter):
+        if not bool(active.any()):
+            break
+        stalled = opt.step(active)
+        active &= ~stalled & (opt.grad.norm(dim=1) > tol * g0)
+    return flat.detach().view(shape)
+
+
+def _fit_newton(value, theta: torch.Tensor, z: torch.Tensor, onehot: torch.Tensor, wt: torch.Tensor,
+                pen: torch.Tensor, tol: float = 1e-12, max_iter: int = 100) -> torch.Tensor:
+    """``fit_logistic`` by Newton's method with per-model backtracking."""
+    R, N, Q = z.shape
     zz = (z[..., :, None] * z[..., None, :]).reshape(R, N, Q * Q)
-    theta = design.new_zeros(F, G, R, Q, C)
     f, logp = value(theta)
-    active = torch.ones(F, G, R, dtype=torch.bool, device=design.device)
+    active = torch.ones_like(f, dtype=torch.bool)
     for _ in range(max_iter):
         # Newton directions on the block of penalties and regressions that still have an open model
         gi, ri = active.any(2).any(0).nonzero()[:, 0], active.any(1).any(0).nonzero()[:, 0]
@@ -124,7 +155,7 @@ def fit_logistic(design: torch.Tensor, target: torch.Tensor, num_classes: int, l
         active &= decrement > tol
         if not bool(active.any()):
             break
-        t = active.to(design.dtype)
+        t = active.to(theta.dtype)
         for _ in range(30):  # backtracking (Armijo) per model
             f_new, logp_new = value(theta + t[..., None, None] * d)
             ok = (f_new <= f - 1e-4 * t * 2 * decrement) | (t == 0)
@@ -156,30 +187,26 @@ def _newton_step(z: torch.Tensor, zz: torch.Tensor, onehot: torch.Tensor, wt: to
     return step.view(F, G, R, Q, C), 0.5 * (grad.reshape(F, G, R, -1) * step[..., 0]).sum(-1)
 
 
-def _folds(num_examples: int, cv_folds: int, seed: int, device: torch.device) -> torch.Tensor:
-    """Seeded balanced fold [N] of each example."""
-    perm = torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed))
-    fold = torch.empty(num_examples, dtype=torch.long).index_put_((perm,), torch.arange(num_examples) % cv_folds)
-    return fold.to(device)
-
-
 def logistic_cv_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.Tensor, num_classes: int,
                           lambdas: tuple[float, ...] = LAMBDA_GRID, cv_folds: int = 5, seed: int = 0,
-                          chunk_elements: int = 1 << 24) -> torch.Tensor:
+                          chunk_elements: int = 1 << 24) -> tuple[torch.Tensor, torch.Tensor]:
     """log P(target | x[:, subsets]) [R, N, C] of l2 logistic regressions, each with its penalty chosen by
-    ``cv_folds``-fold cross-validation over ``lambdas`` (held-out log-likelihood), refit on all N."""
+    ``cv_folds``-fold cross-validation over ``lambdas`` (held-out log-likelihood), refit on all N; and the
+    chosen penalty's index into ``lambdas`` [R]. Folds: ``fold_assignment(N, cv_folds, seed)``."""
     R, N = target.shape
     if cv_folds < 2 or cv_folds > N:
         raise ValueError(f"cv_folds must be in [2, N={N}], got {cv_folds}")
     x = x.to(torch.float64)
-    fold = _folds(N, cv_folds, seed, x.device)
+    fold = fold_assignment(N, cv_folds, seed).to(x.device)
     held = torch.nn.functional.one_hot(fold, cv_folds).T.to(x.dtype)  # [k, N]
     weight = torch.cat([1.0 - held, torch.ones_like(held[:1])])  # [k + 1, N]: folds, then all data
     lam = torch.as_tensor(lambdas, dtype=x.dtype, device=x.device)
     Q, C = subsets.shape[1] + 1, num_classes
-    per_regression = weight.shape[0] * len(lambdas) * (N * C * C + (Q * C) ** 2)  # curvature + Hessian entries
+    newton = Q * C <= NEWTON_MAX_PARAMS
+    # memory per regression: curvature and Hessian (Newton), or logits and curvature pairs (L-BFGS)
+    per_regression = weight.shape[0] * len(lambdas) * (N * C * C + (Q * C) ** 2 if newton else 5 * N * C + 40 * Q * C)
     step = max(1, chunk_elements // per_regression)
-    out = []
+    out, chosen = [], []
     for lo in range(0, R, step):
         sub, tgt = subsets[lo:lo + step], target[lo:lo + step]
         design = _design(x, sub)
@@ -189,8 +216,9 @@ def logistic_cv_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.
         at_target = log_p.gather(-1, tgt.expand(*log_p.shape[:-1])[..., None])[..., 0]  # [k+1, G, r, N]
         cv = (at_target[:-1] * held[:, None, None, :]).sum((0, -1))  # [G, r] held-out log-likelihood
         best = cv.argmax(0)
+        chosen.append(best)
         out.append(log_p[-1].gather(0, best[None, :, None, None].expand(1, *log_p.shape[2:]))[0])
-    return torch.cat(out)
+    return torch.cat(out), torch.cat(chosen)
 
 
 def select_inputs(x: torch.Tensor, y: torch.Tensor, num_inputs: int = 10, strength: float = 0.1,

@@ -1,0 +1,174 @@
+"""TreeCRF (Bradley & Guestrin 2010): the local-input energy, the CRF gradient, and the learner."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+from structtorch import Graph
+from structtorch.data import TreeCRFSyntheticDataModule
+from structtorch.energies import LocalLinearEnergy
+from structtorch.inference import tree_map, tree_marginals
+from structtorch.learners import LEARNERS, Independent, TreeCRF
+from structtorch.losses import crf_nll
+
+pytestmark = [pytest.mark.usefixtures("quiet_single_thread"),
+              pytest.mark.filterwarnings("ignore:.*does not have many workers"),
+              pytest.mark.filterwarnings("ignore:.*LeafSpec")]
+F64 = torch.float64
+
+
+def random_energy(D: int = 6, n: int = 4, k: int = 2, K: int = 2, local_unary: bool = True, seed: int = 0,
+                  num_models: int | None = None) -> tuple[LocalLinearEnergy, list[list[int]]]:
+    g = torch.Generator().manual_seed(seed)
+    e = LocalLinearEnergy(D, n, num_inputs=k, num_states=K, local_unary=local_unary, num_models=num_models).double()
+    inputs = [sorted(torch.randperm(D, generator=g)[:1 + i % k].tolist()) for i in range(n)]
+    e.set_inputs(inputs)
+    with torch.no_grad():
+        for p in e.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=F64))
+    return e, inputs
+
+
+@pytest.mark.parametrize("local_unary", [True, False])
+def test_potentials_are_linear_in_each_factors_own_inputs(local_unary):
+    e, inputs = random_energy(local_unary=local_unary)
+    x = torch.randn(5, 6, dtype=F64)
+    pot = e(x)
+    for i in range(4):
+        cols = inputs[i] if local_unary else list(range(6))
+        want = x[:, cols] @ e.unary_weight[i, :len(cols)] + e.unary_bias[i]
+        assert torch.allclose(pot.unary[:, i], want)
+    for k, (i, j) in enumerate(e.graph.edges.tolist()):
+        cols = sorted(set(inputs[i]) | set(inputs[j]))
+        want = torch.einsum("bp,pkl->bkl", x[:, cols], e.pair_weight[k, :len(cols)]) + e.pair_bias[k]
+        assert torch.allclose(pot.pairwise[:, k], want)
+
+
+def test_restrict_keeps_the_edges_weights_and_inputs():
+    e, _ = random_energy()
+    x = torch.randn(3, 6, dtype=F64)
+    before = e(x).pairwise
+    mask = torch.tensor([True, False, True, False, False, True])
+    e.restrict(mask)
+    assert e.graph.edges.tolist() == Graph.complete(4).edges[mask].tolist()
+    assert torch.allclose(e(x).pairwise, before[:, mask])
+
+
+def test_batched_models_equal_one_model_at_a_time():
+    e, inputs = random_energy(num_models=3)
+    x = torch.randn(4, 6, dtype=F64)
+    pot = e(x)
+    for m in range(3):
+        one = LocalLinearEnergy(6, 4, num_inputs=2, local_unary=True).double()
+        one.set_inputs(inputs)
+        with torch.no_grad():
+            for p, q in zip(one.parameters(), e.parameters()):
+                p.copy_(q[m])
+        assert torch.allclose(one(x).unary, pot.unary[m])
+        assert torch.allclose(one(x).pairwise, pot.pairwise[m])
+
+
+def test_crf_gradient_is_expected_minus_empirical_features():
+    """d NLL / d V_eab = sum_n x_n[X_ij] (mu_n(e, a, b) - [y_ni = a, y_nj = b]) on a tree, and gradcheck."""
+    e, _ = random_energy(n=5, K=3)
+    e.restrict(torch.as_tensor([edge in {(0, 1), (1, 2), (1, 3), (3, 4)} for edge in
+                                map(tuple, Graph.complete(5).edges.tolist())]))
+    x = torch.randn(7, 6, dtype=F64)
+    y = torch.randint(0, 3, (7, 5))
+    crf_nll(e(x), y).sum().backward()
+    mu_u, mu_p = tree_marginals(e(x))
+    onehot_u = torch.nn.functional.one_hot(y, 3).to(F64)
+    onehot_p = onehot_u[:, e.graph.edges[:, 0], :, None] * onehot_u[:, e.graph.edges[:, 1], None, :]
+    xz = torch.cat([x, x.new_zeros(7, 1)], 1)
+    want_pair = torch.einsum("bep,bekl->epkl", xz[:, e.pair_inputs], mu_p - onehot_p)
+    want_unary = torch.einsum("bnp,bnk->npk", xz[:, e.unary_inputs], mu_u - onehot_u)
+    assert torch.allclose(e.pair_weight.grad, want_pair, atol=1e-10)
+    assert torch.allclose(e.unary_weight.grad, want_unary, atol=1e-10)
+    assert torch.allclose(e.pair_bias.grad, (mu_p - onehot_p).sum(0), atol=1e-10)
+
+    def nll(V: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+        xu, xp = xz[:, e.unary_inputs], xz[:, e.pair_inputs]
+        unary = torch.einsum("bnp,npk->bnk", xu, U) + e.unary_bias.detach()
+        pair = torch.einsum("bep,epkl->bekl", xp, V) + e.pair_bias.detach()
+        return crf_nll(type(e(x))(unary, pair, e.graph), y).sum()
+    assert torch.autograd.gradcheck(nll, (e.pair_weight.detach().clone().requires_grad_(),
+                                          e.unary_weight.detach().clone().requires_grad_()))
+
+
+def test_set_inputs_rejects_bad_mappings():
+    e = LocalLinearEnergy(6, 3, num_inputs=2)
+    for bad in ([[0], [1]], [[0], [], [2]], [[0, 1, 2], [1], [2]], [[0], [1], [6]], [[0, 0], [1], [2]]):
+        with pytest.raises(ValueError):
+            e.set_inputs(bad)
+    with pytest.raises(ValueError, match="num_inputs"):
+        LocalLinearEnergy(6, 3, num_inputs=7)
+
+
+# ---------------------------------------------------------------------- the learner
+def fit(model: L.LightningModule, dm: L.LightningDataModule, epochs: int = 20) -> L.LightningModule:
+    L.Trainer(accelerator="cpu", max_epochs=epochs, logger=False, enable_progress_bar=False,
+              enable_checkpointing=False, enable_model_summary=False).fit(model, datamodule=dm)
+    return model
+
+
+@pytest.fixture(scope="module")
+def synthetic() -> TreeCRFSyntheticDataModule:
+    dm = TreeCRFSyntheticDataModule(num_train=300, num_test=1000, num_labels=8, seed=0, batch_size=1000)
+    dm.setup("fit")
+    return dm
+
+
+def subset_acc(model: L.LightningModule, x: torch.Tensor, y: torch.Tensor) -> float:
+    return float((model(x) == y).all(1).float().mean())
+
+
+def test_tree_crf_recovers_the_tree_and_predicts_near_the_true_model(synthetic):
+    """Intractable-joint tree CRF, 8 labels, 300 examples (the paper's Fig. 3 setting, smaller): DCI finds
+    at least 6 of the 7 true edges; 0/1 accuracy within 5 points of the true model's MAP, and at least 8
+    points above independent labels (a learner that ignores the structure stays at the latter)."""
+    d = synthetic.dataset
+    m = fit(TreeCRF(8, 8, inputs="aligned"), synthetic)
+    assert m.graph.is_tree and int((m.structure_mask & d.tree_edge_mask()).sum()) >= 6
+    truth = float((tree_map(d.conditional_potentials(d.x_test))[1] == d.y_test).all(1).float().mean())
+    indep = subset_acc(fit(Independent(8, 8), synthetic), d.x_test, d.y_test)
+    ours = subset_acc(m, d.x_test, d.y_test)
+    assert ours >= truth - 0.05 and ours >= indep + 0.08, (ours, truth, indep)
+    assert m.certificate is not None and bool(m.certificate.converged.all())
+    summary = m.structure_summary()
+    assert summary["num_edges"] == 7 and all(w is not None and w > 0 for _, _, w in summary["edges"])
+
+
+def test_l1_input_mapping_finds_each_labels_planted_inputs():
+    """Label i depends on columns 3i and 3i+1 of 20 noisy columns: the l1 mapping (k = 2) finds them."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 20, generator=g)
+    y = torch.stack([(x[:, 3 * i] - x[:, 3 * i + 1] + 0.3 * torch.randn(400, generator=g) > 0).long()
+                     for i in range(5)], 1)
+    assert TreeCRF(20, 5, num_inputs=2).input_mapping(x, y) == [[3 * i, 3 * i + 1] for i in range(5)]
+
+
+def test_checkpoint_keeps_the_tree_and_the_input_mapping(synthetic, tmp_path):
+    m = fit(TreeCRF(8, 8, inputs="l1", num_inputs=2, score="local_cmi"), synthetic, epochs=5)
+    trainer = L.Trainer(logger=False, enable_progress_bar=False)
+    trainer.strategy.connect(m)
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    back = TreeCRF.load_from_checkpoint(tmp_path / "m.ckpt")
+    x = synthetic.dataset.x_test[:50]
+    assert torch.equal(back.graph.edges, m.graph.edges)
+    assert torch.equal(back.energy.pair_inputs, m.energy.pair_inputs)
+    assert torch.equal(back(x), m(x))
+
+
+@pytest.mark.parametrize("kwargs,needle", [({"score": "mi"}, "score"), ({"inputs": "all"}, "inputs"),
+                                           ({"num_inputs": 0}, "num_inputs"), ({"score_folds": 1}, "score_folds")])
+def test_bad_options_raise(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        TreeCRF(8, 8, **kwargs)
+    with pytest.raises(ValueError, match="aligned"):
+        TreeCRF(9, 8, inputs="aligned")
+
+
+def test_registered_as_tree_crf():
+    assert LEARNERS["tree_crf"] is TreeCRF
