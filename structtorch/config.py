@@ -110,14 +110,9 @@ class MulanDataConfig:
 
 
 @dataclass
-class SyntheticDataConfig:
-    """The synthetic CRANK data (no files needed)."""
+class GeneratedDataConfig:
+    """Options shared by the generated datasets (no files needed)."""
 
-    kind: str = "synthetic"
-    num_train: int = 1000
-    num_test: int = 1000
-    num_labels: int = 10
-    num_features: int = 4
     batch_size: int = 64
     val_fraction: float = 0.1
     seed: int = 0
@@ -125,11 +120,22 @@ class SyntheticDataConfig:
     fold: int = 0
     num_workers: int = 0
     standardize: bool = False
+
+
+@dataclass
+class SyntheticDataConfig(GeneratedDataConfig):
+    """The synthetic CRANK data (no files needed)."""
+
+    kind: str = "synthetic"
+    num_train: int = 1000
+    num_test: int = 1000
+    num_labels: int = 10
+    num_features: int = 4
     pairwise_scale: Any = None
 
 
 @dataclass
-class TreeCRFSyntheticDataConfig:
+class TreeCRFSyntheticDataConfig(GeneratedDataConfig):
     """The synthetic tree-CRF data of Bradley & Guestrin (ICML 2010), see ``tree_crf_synthetic`` (no files)."""
 
     kind: str = "tree_crf_synthetic"
@@ -143,13 +149,6 @@ class TreeCRFSyntheticDataConfig:
     cross: bool = True
     cross_strength: Any = None  # float or None: the Y-X strength
     joint: str = "intractable"  # intractable | tractable
-    batch_size: int = 64
-    val_fraction: float = 0.1
-    seed: int = 0
-    num_folds: Any = None
-    fold: int = 0
-    num_workers: int = 0
-    standardize: bool = False
 
 
 @dataclass
