@@ -39,6 +39,7 @@ from threadpoolctl import threadpool_limits
 from structtorch import Graph
 from structtorch.data import load_mulan_splits, tree_crf_synthetic
 from structtorch.data.datamodule import fold_assignment
+from structtorch.energies.local import pair_inputs
 from structtorch.structure import LAMBDA_GRID, select_inputs
 from structtorch.structure.conditionals import logistic_cv_log_probs, pad_subsets
 
@@ -61,8 +62,7 @@ def load(name: str, num_inputs: int, pairs: int | None, num_train: int
         inputs = select_inputs(x, y, num_inputs)
         seconds = time.perf_counter() - t0
     edges = Graph.complete(y.shape[1]).edges[:pairs]
-    pair_inputs = [sorted(set(inputs[i]) | set(inputs[j])) for i, j in edges.tolist()]
-    return x, (y[:, edges[:, 0]] * 2 + y[:, edges[:, 1]]).T.contiguous(), pair_inputs, seconds
+    return x, (y[:, edges[:, 0]] * 2 + y[:, edges[:, 1]]).T.contiguous(), pair_inputs(inputs, edges), seconds
 
 
 def sklearn_fit(x: np.ndarray, t: np.ndarray, lam: float, tol: float) -> LogisticRegression:
@@ -123,18 +123,18 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with threadpool_limits(args.threads):
-        x, target, pair_inputs, select_s = load(args.dataset, args.inputs, args.pairs, args.num_train)
-        P, (N, D), G, k = len(pair_inputs), x.shape, len(LAMBDA_GRID), args.folds
-        subsets = pad_subsets(pair_inputs, D)
+        x, target, pair_cols, select_s = load(args.dataset, args.inputs, args.pairs, args.num_train)
+        P, (N, D), G, k = len(pair_cols), x.shape, len(LAMBDA_GRID), args.folds
+        subsets = pad_subsets(pair_cols, D)
         fold = fold_assignment(N, k, args.seed)
         t0 = time.perf_counter()
         ours, our_best = logistic_cv_log_probs(x, target, subsets, NUM_CLASSES, LAMBDA_GRID, k, args.seed)
         batched_s = time.perf_counter() - t0
-        sk_s, sk_best, sk_probs, sk_fits = run_sklearn(x, target, pair_inputs, fold, args.tol)
+        sk_s, sk_best, sk_probs, sk_fits = run_sklearn(x, target, pair_cols, fold, args.tol)
     diff = np.abs(ours.exp().numpy() - sk_probs).max((1, 2))  # [P]
     same = our_best.numpy() == sk_best
     row = {"dataset": args.dataset, "N": N, "D": D, "pairs": P, "max_inputs": subsets.shape[1],
-           "mean_inputs": float(np.mean([len(c) for c in pair_inputs])), "lambdas": G, "folds": k,
+           "mean_inputs": float(np.mean([len(c) for c in pair_cols])), "lambdas": G, "folds": k,
            "batched_models": P * G * (k + 1), "sklearn_fits": sk_fits, "batched_seconds": batched_s,
            "sklearn_seconds": sk_s, "sklearn_over_batched": sk_s / batched_s, "select_inputs_seconds": select_s,
            "same_lambda": int(same.sum()), "max_abs_prob_diff": float(diff.max()),

@@ -19,7 +19,7 @@ from ..potentials import Potentials
 from .base import Energy
 from .linear import _as_graph, _check_num_models
 
-__all__ = ["LocalLinearEnergy", "pad_subsets"]
+__all__ = ["LocalLinearEnergy", "pad_subsets", "pair_inputs"]
 
 
 class LocalLinearEnergy(Energy):
@@ -69,7 +69,7 @@ class LocalLinearEnergy(Energy):
         unary = pad_subsets(inputs, self.num_features, k)
         if self.local_unary:
             self.unary_inputs.copy_(unary)
-        pairs = [sorted(set(inputs[i]) | set(inputs[j])) for i, j in self.graph.edges.tolist()]
+        pairs = pair_inputs(inputs, self.graph.edges)
         self.pair_inputs.copy_(pad_subsets(pairs, self.num_features, 2 * k))
 
     def forward(self, x: torch.Tensor) -> Potentials:
@@ -90,6 +90,11 @@ class LocalLinearEnergy(Energy):
         self.pair_inputs = self.pair_inputs[keep].clone()
         self.pair_weight = nn.Parameter(self.pair_weight.detach()[..., keep, :, :, :].clone())
         self.pair_bias = nn.Parameter(self.pair_bias.detach()[..., keep, :, :].clone())
+
+
+def pair_inputs(inputs: list[list[int]], edges: torch.Tensor) -> list[list[int]]:
+    """X_ij = X_i u X_j (sorted) for every edge (i, j) of ``edges`` [E, 2], from the labels' inputs X_i."""
+    return [sorted(set(inputs[i]) | set(inputs[j])) for i, j in edges.tolist()]
 
 
 def pad_subsets(subsets: list[list[int]], num_columns: int, width: int | None = None) -> torch.Tensor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ..energies.local import pair_inputs
 from ..graph import Graph
 from .conditionals import LAMBDA_GRID, conditional_log_probs, pad_subsets, select_inputs
 from .spanning import max_spanning_tree
@@ -80,13 +81,13 @@ def edge_scores(x: torch.Tensor, y: torch.Tensor, method: str, inputs: list[list
     N, n = y.shape
     edges = Graph.complete(n).edges
     if method == "global_cmi":
-        pair_inputs = [list(range(x.shape[1]))] * len(edges)
+        pair_cols = [list(range(x.shape[1]))] * len(edges)
     else:
         inputs = select_inputs(x, y, num_inputs) if inputs is None else _check_inputs(inputs, n)
-        pair_inputs = [sorted(set(inputs[i]) | set(inputs[j])) for i, j in edges.tolist()]
+        pair_cols = pair_inputs(inputs, edges)
     fit = dict(estimator=estimator, lambdas=lambdas, cv_folds=cv_folds, seed=seed)
     pair_target = (y[:, edges[:, 0]] * K + y[:, edges[:, 1]]).T  # [E, N]
-    log_pair = conditional_log_probs(x, pair_target, pad_subsets(pair_inputs, x.shape[1]).to(x.device), K * K,
+    log_pair = conditional_log_probs(x, pair_target, pad_subsets(pair_cols, x.shape[1]).to(x.device), K * K,
                                      **fit).view(len(edges), N, K, K)
     log_node = None
     if method == "dci":
