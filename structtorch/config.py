@@ -14,7 +14,7 @@ from omegaconf import MISSING
 from .data.download import mulan_datasets
 
 __all__ = ["Config", "ModelConfig", "FixedTreeConfig", "FullConfig", "MulanDataConfig", "SyntheticDataConfig",
-           "TrainerConfig", "TreeCRFConfig", "TreeCRFSyntheticDataConfig", "register_configs"]
+           "RTAConfig", "TrainerConfig", "TreeCRFConfig", "TreeCRFSyntheticDataConfig", "register_configs"]
 
 
 @dataclass
@@ -34,6 +34,7 @@ class ModelConfig:
     tol: float = 1e-3  # relative duality gap at which a certified solver stops
     bias_reg: float = 1e-4
     solver_iters: int = 200
+    margin: str = "hamming"  # hamming (M3N) | zero_one (margin against the worst violator; solver bcfw or adam)
     margin_scale: float = 1.0
 
 
@@ -82,6 +83,20 @@ class TreeCRFConfig(ModelConfig):
     local_unary: bool = False  # unary factors on the label's inputs only (True) or on all inputs
     num_states: int = 2
     score_folds: int = 5  # CV folds choosing each edge-score regression's l2 penalty
+
+
+@dataclass
+class RTAConfig(ModelConfig):
+    """RTA: max-margin ensemble of random spanning trees (BCFW, K-best inference with Lemma 7's certificate)."""
+
+    num_trees: int = 10
+    k: int = 8
+    k_max: Any = None  # int or None: 2 * number of labels
+    seed: int = 0
+    normalize: bool = True
+    margin: str = "zero_one"
+    l2: Any = 1e-4
+    bias_reg: float = 1.0
 
 
 @dataclass
@@ -189,6 +204,7 @@ def register_configs() -> None:
     cs.store(group="model", name="full_schema", node=FullConfig)
     cs.store(group="model", name="crank_schema", node=CRANKConfig)
     cs.store(group="model", name="tree_crf_schema", node=TreeCRFConfig)
+    cs.store(group="model", name="rta_schema", node=RTAConfig)
     cs.store(group="data", name="mulan_schema", node=MulanDataConfig)
     cs.store(group="data", name="synthetic_schema", node=SyntheticDataConfig)
     cs.store(group="data", name="tree_crf_synthetic_schema", node=TreeCRFSyntheticDataConfig)

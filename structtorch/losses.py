@@ -1,4 +1,4 @@
-"""Structured losses on Potentials: hinge with Hamming margin rescaling, CRF negative log-likelihood.
+"""Structured losses on Potentials: hinge with Hamming or 0/1 margin rescaling, CRF negative log-likelihood.
 
 Every loss is checked by ``check_loss_finite``: an example whose label is impossible
 (score(y) = -inf) or that has no feasible assignment at all raises a ValueError naming the
@@ -16,9 +16,12 @@ import torch
 from .inference import tree_logz, tree_map
 from .potentials import Potentials
 
-__all__ = ["hamming_augment", "structured_hinge", "crf_nll", "map_value", "check_loss_finite"]
+__all__ = ["hamming_augment", "structured_hinge", "zero_one_hinge", "total_score", "crf_nll", "map_value",
+           "check_loss_finite"]
 
 MaxFn = Callable[[Potentials], torch.Tensor]
+#: (Potentials [*B], y [*B, n]) -> the best assignment other than y [*B, n] (the worst violator)
+ViolatorFn = Callable[[Potentials, torch.Tensor], torch.Tensor]
 
 _MAX_LISTED = 5  # examples described in a non-finite-loss error
 
@@ -53,6 +56,22 @@ def structured_hinge(pot: Potentials, y: torch.Tensor, max_fn: MaxFn = map_value
     """
     loss = max_fn(hamming_augment(pot, y, scale)) - pot.score(y)
     return check_loss_finite(loss, pot, y, "structured_hinge")
+
+
+def total_score(pot: Potentials, y: torch.Tensor) -> torch.Tensor:
+    """score(y) [*B]; ensembles: the mean of the trees' scores (what ``ensemble_map`` maximises)."""
+    s = pot.score(y)
+    return s.mean(-1) if pot.graph.is_ensemble else s
+
+
+def zero_one_hinge(pot: Potentials, y: torch.Tensor, violator: ViolatorFn, scale: float = 1.0) -> torch.Tensor:
+    """Hinge with 0/1 margin rescaling [*B]: max(0, scale + score(y') - score(y)), y' = ``violator(pot, y)``
+    the best assignment other than y (RTA's Def. 6: margin ``scale`` against the worst violator).
+    Differentiable in the potentials (the violator is found without gradient)."""
+    with torch.no_grad():
+        y_bad = violator(pot.detach(), y)
+    loss = torch.relu(scale + total_score(pot, y_bad) - total_score(pot, y))
+    return check_loss_finite(loss, pot, y, "zero_one_hinge")
 
 
 def crf_nll(pot: Potentials, y: torch.Tensor) -> torch.Tensor:

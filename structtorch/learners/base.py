@@ -25,8 +25,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from ..data.datamodule import fold_assignment
 from ..energies import Energy
 from ..graph import Graph
-from ..inference import tree_map
-from ..losses import crf_nll, map_value, structured_hinge
+from ..inference import tree_kbest, tree_map
+from ..losses import crf_nll, map_value, structured_hinge, zero_one_hinge
 from ..metrics import ExampleF1, HammingAccuracy, PerLabelCounts, SubsetAccuracy, multilabel_metrics
 from ..plots import close_figure, per_label_figure, structure_figure
 from ..potentials import Potentials
@@ -84,7 +84,9 @@ class StructuredLearner(L.LightningModule):
         tol: relative duality gap at which a certified solver stops.
         bias_reg: rho, the certified solvers' bias regulariser relative to l2.
         solver_iters: L-BFGS iterations per epoch at most (solver="lbfgs"; certified every 20).
-        margin_scale: weight of the Hamming term in the hinge.
+        margin: "hamming" (M3N: the hinge's margin is the Hamming distance) or "zero_one" (margin against the
+            worst violator, the best assignment other than the label: ``worst_violator``; RTA's Def. 6).
+        margin_scale: weight of the margin term in the hinge.
         label_names: names of the n labels (pictures, metrics.json); default "y0", "y1", ...
     """
 
@@ -105,12 +107,15 @@ class StructuredLearner(L.LightningModule):
         solver_iters: int = 200,
         cv_folds: int = 5,
         cv_metric: str = "hamming_acc",
+        margin: str = "hamming",
         margin_scale: float = 1.0,
         label_names: list[str] | None = None,
     ) -> None:
         super().__init__()
         if loss not in ("hinge", "crf"):
             raise ValueError(f"loss must be 'hinge' or 'crf', got {loss!r}")
+        if margin not in BCFW.MARGINS:
+            raise ValueError(f"margin must be one of {BCFW.MARGINS}, got {margin!r}")
         if solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
         for name, v in (("tol", tol), ("bias_reg", bias_reg)):
@@ -156,7 +161,13 @@ class StructuredLearner(L.LightningModule):
         """Per-example training loss [B]; ``index`` [B] identifies the training examples (warm starts)."""
         if self.hparams.loss == "crf":
             return crf_nll(pot, y)
+        if self.hparams.margin == "zero_one":
+            return zero_one_hinge(pot, y, self.worst_violator, self.hparams.margin_scale)
         return structured_hinge(pot, y, self._train_max, self.hparams.margin_scale)
+
+    def worst_violator(self, pot: Potentials, y: torch.Tensor) -> torch.Tensor:
+        """The best assignment other than y [*B, n] (margin="zero_one"); default: ``tree_kbest`` with k = 1."""
+        return tree_kbest(pot, 1, exclude=y)[1][..., 0, :]
 
     def regularizer(self) -> torch.Tensor:
         """lambda/2 ||w||^2 over the energy's weights (biases excluded)."""
@@ -203,6 +214,9 @@ class StructuredLearner(L.LightningModule):
         if name == "bcfw" and (hp.loss != "hinge" or self.bcfw_oracle() is None):
             raise ValueError(f"solver=bcfw trains the hinge with an exact or smoothed-LP max; {what} with "
                              f"loss={hp.loss} has none: use solver=lbfgs or adam")
+        if name == "lbfgs" and hp.get("margin", "hamming") != "hamming":
+            raise ValueError(f"solver=lbfgs smooths the Hamming-margin hinge; margin={hp.margin} needs solver=bcfw "
+                             f"(or adam)")
         if name == "lbfgs" and self.smoothed_max() is None:
             raise ValueError(f"solver=lbfgs needs a smoothed training max; {what} with train_inference="
                              f"{hp.get('train_inference', 'a callable')} on {self.graph} has none: use solver=adam")
@@ -221,7 +235,7 @@ class StructuredLearner(L.LightningModule):
                                  eps=1.0 if crf else None, mask=mask)
         params = [p.detach().clone() for p in self.energy.parameters()]
         solver = BCFW(self.energy, len(x), lam, oracle=self.bcfw_oracle(), margin_scale=hp.margin_scale,
-                      bias_reg=hp.bias_reg, tol=hp.tol, mask=mask)
+                      bias_reg=hp.bias_reg, tol=hp.tol, mask=mask, margin=hp.get("margin", "hamming"))
         with torch.no_grad():  # BCFW starts from w = 0; a resumed run restores its weights and dual state
             for p, saved in zip(self.energy.parameters(), params):
                 p.copy_(saved if self._solver_state else torch.zeros_like(saved))

@@ -1,11 +1,12 @@
 """Convex solvers: BCFW and smoothed L-BFGS (certified) for structured SVMs, L-BFGS for smooth objectives,
 FISTA for l1-regularised ones."""
 
-from .bcfw import BCFW, GapInfo, Oracle, StepInfo, one_hot_marginals, smoothed_oracle, tree_oracle
+from .bcfw import BCFW, EnsembleOracle, GapInfo, Oracle, StepInfo, one_hot_marginals, smoothed_oracle, tree_oracle
 from .lbfgs import LBFGSInfo, lbfgs_solve
 from .proximal import BatchedFISTA
 from .smoothing import ForestSmoothedMax, LPSmoothedMax, SmoothedLBFGS, SmoothedMax, tree_smoothed_max
 
-__all__ = ["BCFW", "BatchedFISTA", "ForestSmoothedMax", "GapInfo", "LBFGSInfo", "LPSmoothedMax", "Oracle",
+__all__ = ["BCFW", "BatchedFISTA", "EnsembleOracle", "ForestSmoothedMax", "GapInfo", "LBFGSInfo", "LPSmoothedMax",
+           "Oracle",
            "SmoothedLBFGS", "SmoothedMax", "StepInfo", "lbfgs_solve", "one_hot_marginals", "smoothed_oracle",
            "tree_oracle", "tree_smoothed_max"]

@@ -4,18 +4,25 @@ in marginal form, for energies linear in their parameters.
 Primal (what every hinge learner minimises, biases regularised with weight ``bias_reg``):
 
     P(w) = lambda/2 (|W|^2 + rho |b|^2) + (1/N) sum_i H_i(w),
-    H_i(w) = max_y [score(x_i, y; w) + Delta(y_i, y)] - score(x_i, y_i; w),  Delta = margin_scale * Hamming.
+    H_i(w) = max_y [score(x_i, y; w) + Delta(y_i, y)] - score(x_i, y_i; w),
+    Delta = margin_scale * Hamming (margin="hamming") or margin_scale * [y != y_i] (margin="zero_one").
 
 For a linear energy score(x, y; w) = <pot(x; w), m(y)> with m(y) the one-hot marginals (unary
 [n, K], pairwise [E, K, K]), so the dual variable of example i is a point mu_i of the marginal
 polytope and
 
     w(mu) = 1/(lambda N) R^-1 grad_w sum_i <pot(x_i; w), m(y_i) - mu_i>   (R = diag(1, rho on biases)),
-    D(mu) = -lambda/2 |w(mu)|_R^2 + (1/N) sum_i <delta_i, mu_i>,            delta_i = Delta(y_i, .) per state,
+    D(mu) = -lambda/2 |w(mu)|_R^2 + (1/N) sum_i l_i,
 
-with P(w) >= D(mu) for every w and mu, and P(w(mu)) - D(mu) = sum_i g_i (the block Frank-Wolfe
-gaps). The solver keeps nu_i = m(y_i) - mu_i (zero at the start, w = 0), so the per-example state
-starts at zeros and needs no labels.
+with l_i the expected loss Delta(y_i, .) of the convex combination of assignments mu_i stands for
+(Hamming: l_i = <delta_i, mu_i>, delta_i = Delta(y_i, .) per state; 0/1: 1 - its weight on y_i).
+P(w) >= D(mu) for every w and mu, and P(w(mu)) - D(mu) = sum_i g_i (the block Frank-Wolfe gaps). The
+solver keeps nu_i = m(y_i) - mu_i and l_i (zero at the start, w = 0), so the per-example state starts at
+zeros and needs no labels.
+
+Ensembles of T trees (RTA): the score is the mean of the trees' scores (``ensemble_map``), so the
+pairwise parts are flattened to one list of T (n-1) edges scaled by 1/T (``lift_models``); the dual
+state and the energy's ``block_gram`` use that layout, and the oracle gets the ensemble back.
 
 Blocks are (example, connected component of the label graph): the marginal (and local) polytope of
 a forest factorises over components, so each gets its own exact line search (for Independent this
@@ -30,6 +37,10 @@ with a free bias weight; as rho -> 0 it approaches the unregularised bias (libsv
 certified gap is on the rho-regularised objective.
 
 Oracles: ``tree_oracle`` (exact, trees and forests): the gap certifies the exact objective.
+margin="zero_one" calls the oracle with ``exclude=y_i`` (the worst violator: the best assignment other
+than y_i; ``tree_oracle`` and ``ensemble_oracle`` support it) and compares it with y_i itself.
+``ensemble_oracle`` (RTA): exact where Lemma 7 certifies its K-best search, so the gap is a certificate
+when every search of the gap pass was certified (the oracle counts them).
 ``smoothed_oracle`` (loopy graphs): its marginals lie in the local polytope and its value
 upper-bounds the LP-relaxed loss-augmented max, so the gap certifies the LP-relaxed objective,
 up to the smoothing (the certified gap cannot fall below about eps * entropy).
@@ -47,27 +58,35 @@ from scipy.sparse.csgraph import connected_components
 
 from ..energies import Energy
 from ..graph import Graph
-from ..inference import smoothed_lp, tree_map
+from ..inference import ensemble_map, smoothed_lp, tree_kbest, tree_map
 from ..potentials import Potentials
 
 __all__ = ["BCFW", "GapInfo", "Oracle", "StepInfo", "one_hot_marginals", "smoothed_oracle", "tree_oracle"]
 
-#: loss-augmented Potentials [*B] -> (max value [*B], maximiser marginals unary [*B, n, K], pairwise [*B, E, K, K])
-Oracle = Callable[[Potentials], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+#: loss-augmented Potentials [*B] -> (max value [*B], maximiser marginals unary [*B, n, K], pairwise [*B, E, K, K]);
+#: margin="zero_one" also passes ``exclude=y`` [*B, n] (then: the best assignment other than y)
+Oracle = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 def one_hot_marginals(y: torch.Tensor, graph: Graph, num_states: int, dtype: torch.dtype
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """m(y): unary [*B, n, K] and pairwise [*B, E, K, K] one-hot marginals of assignments y [*B, n]."""
+    """m(y): unary [*B, n, K] and pairwise [*B, E, K, K] one-hot marginals of assignments y [*B, n]
+    (ensembles: E = T (n-1), the trees' edges one after the other, as ``lift_models`` lays them out)."""
     oh = torch.nn.functional.one_hot(y, num_states).to(dtype)
-    e = graph.edges.to(y.device)
+    e = graph.edges.reshape(-1, 2).to(y.device)
     return oh, oh[..., e[:, 0], :, None] * oh[..., e[:, 1], None, :]
 
 
-def tree_oracle(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Exact max on a tree/forest: (value [*B], one-hot marginals of the argmax [*B, n, K], [*B, E, K, K])."""
+def tree_oracle(pot: Potentials, exclude: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact max on a tree/forest: (value [*B], one-hot marginals of the argmax [*B, n, K], [*B, E, K, K]);
+    with ``exclude`` [*B, n], the max over assignments other than it (``tree_kbest`` with k = 1)."""
     with torch.no_grad():
-        value, y = tree_map(pot)
+        if exclude is None:
+            value, y = tree_map(pot)
+        else:
+            scores, ys = tree_kbest(pot, 1, exclude)
+            value, y = scores[..., 0], ys[..., 0, :]
     return (value, *one_hot_marginals(y, pot.graph, pot.num_states, pot.dtype))
 
 
@@ -82,6 +101,36 @@ def smoothed_oracle(eps: float, iters: int, tol: float | None = None) -> Oracle:
             res = smoothed_lp(pot, eps=eps, iters=iters, tol=tol)
         return res.value, res.unary, res.pairwise
     return oracle
+
+
+class EnsembleOracle:
+    """``ensemble_map`` as an oracle (RTA): the max of the mean tree score of an ensemble by K-best lists,
+    k doubling up to ``k_max`` where Lemma 7 does not certify it; ``exclude`` gives the worst violator.
+
+    Counts, since the last ``reset``, the searches, the certified ones and the K they used (``stats``):
+    a gap computed while every search was certified is a certificate.
+    """
+
+    def __init__(self, k: int, k_max: int | None = None) -> None:
+        self.k, self.k_max = k, k_max
+        self.reset()
+
+    def reset(self) -> None:
+        self.searches, self.certified, self.k_total = 0, 0, 0
+
+    def stats(self) -> dict[str, float]:
+        """{"certified": fraction of certified searches, "mean_k": their mean K} since the last reset."""
+        n = max(self.searches, 1)
+        return {"certified": self.certified / n, "mean_k": self.k_total / n}
+
+    def __call__(self, pot: Potentials, exclude: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            y, value, certified, k_used = ensemble_map(pot, self.k, self.k_max, exclude)
+        self.searches += certified.numel()
+        self.certified += int(certified.sum())
+        self.k_total += int(k_used.sum())
+        return (value, *one_hot_marginals(y, pot.graph, pot.num_states, pot.dtype))
 
 
 @dataclass
@@ -119,13 +168,17 @@ class BCFW:
     """Structured SVM solver with a certified duality gap; updates the energy's parameters in place.
 
     Args:
-        energy: an ``Energy`` linear in its parameters (``FinleyJoachimsEnergy``, ``LinearTableEnergy``),
-            on a single graph. With ``energy.num_models = M`` all models train at once. Its parameters
+        energy: an ``Energy`` linear in its parameters (``FinleyJoachimsEnergy``, ``LinearTableEnergy``,
+            ``TreeEnsembleEnergy``). With ``energy.num_models = M`` all models train at once. Its parameters
             are set to 0 (= w(mu) at the start mu_i = m(y_i)).
         num_examples: N, the size of the training set; batches carry example indices in [0, N).
         lam: lambda > 0, a float or a tensor [M] (one per model).
-        oracle: loss-augmented Potentials -> (value, mu_unary, mu_pair); ``tree_oracle`` or ``smoothed_oracle``.
-        margin_scale: weight of the Hamming loss.
+        oracle: loss-augmented Potentials -> (value, mu_unary, mu_pair); ``tree_oracle``, ``smoothed_oracle`` or
+            ``EnsembleOracle`` (margin="zero_one": one that takes ``exclude=``).
+        margin: "hamming" (Delta = Hamming distance, blocks = connected components of the label graph) or
+            "zero_one" (Delta = [y != y_i], the worst violator from ``oracle(pot, exclude=y_i)``; blocks =
+            examples).
+        margin_scale: weight of the loss Delta (the margin).
         bias_reg: rho > 0, the regulariser weight of parameters named ``*bias`` relative to lambda.
         tol: relative duality gap at which a model is certified and stops moving.
         mask: bool [M, N] (or [N]), the examples each model trains on (CV folds); default all.
@@ -134,16 +187,20 @@ class BCFW:
         sweeps: Gauss-Seidel sweeps over the batch for steps="block".
 
     State (per example, indexed by example index, so it can be swapped for a store object):
-    ``nu_unary`` [N, M, n, K] and ``nu_pair`` [N, M, E, K, K], nu_i = m(y_i) - mu_i, zeros at the start.
+    ``nu_unary`` [N, M, n, K] and ``nu_pair`` [N, M, E, K, K], nu_i = m(y_i) - mu_i, and ``ell`` [N, M, C],
+    the expected loss l_i per block, all zeros at the start (ensembles: E = T (n-1)).
     """
+
+    MARGINS = ("hamming", "zero_one")
 
     def __init__(self, energy: Energy, num_examples: int, lam: float | torch.Tensor, oracle: Oracle = tree_oracle,
                  margin_scale: float = 1.0, bias_reg: float = 1e-2, tol: float = 1e-3,
-                 mask: torch.Tensor | None = None, steps: str = "block", sweeps: int = 3) -> None:
+                 mask: torch.Tensor | None = None, steps: str = "block", sweeps: int = 3, margin: str = "hamming"
+                 ) -> None:
         if not isinstance(energy, Energy):
             raise TypeError(f"energy must be a structtorch Energy, got {type(energy).__name__}")
-        if energy.graph.is_ensemble:
-            raise ValueError("energy.graph must be a single graph, not an ensemble")
+        if margin not in self.MARGINS:
+            raise ValueError(f"margin must be one of {self.MARGINS}, got {margin!r}")
         if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
             raise ValueError(f"num_examples must be a positive int, got {num_examples!r}")
         for name, v in (("margin_scale", margin_scale), ("bias_reg", bias_reg), ("tol", tol)):
@@ -155,7 +212,7 @@ class BCFW:
             raise TypeError(f"steps='block' needs {type(energy).__name__}.block_gram; use steps='batch'")
         if isinstance(sweeps, bool) or not isinstance(sweeps, int) or sweeps < 1:
             raise ValueError(f"sweeps must be a positive int, got {sweeps!r}")
-        self.energy, self.oracle, self.steps, self.sweeps = energy, oracle, steps, sweeps
+        self.energy, self.oracle, self.steps, self.sweeps, self.margin = energy, oracle, steps, sweeps, margin
         self.num_models = energy.num_models
         self.num_examples, self.margin_scale, self.bias_reg, self.tol = num_examples, margin_scale, bias_reg, tol
         self.params = [p for _, p in energy.named_parameters()]
@@ -167,14 +224,17 @@ class BCFW:
         self.count = self.mask.sum(1).to(ref.dtype)  # N_m
         self.scale = 1.0 / (self.lam * self.count)  # s_m = 1 / (lambda_m N_m)
         self.num_comp, self.node_comp = _components(energy.graph, ref.device)
-        self.edge_comp = self.node_comp[energy.graph.edges[:, 0].to(ref.device)]
+        if margin == "zero_one":  # the 0/1 loss couples the components: one block per example
+            self.num_comp, self.node_comp = 1, torch.zeros_like(self.node_comp)
+        self.edge_comp = self.node_comp[energy.graph.edges.reshape(-1, 2)[:, 0].to(ref.device)]
         with torch.no_grad():
             for p in self.params:
                 p.zero_()
         self.active = torch.ones(M, dtype=torch.bool, device=ref.device)
-        self.lin = torch.zeros(M, dtype=ref.dtype, device=ref.device)  # (1/N) sum <delta_i, mu_i>
+        self.lin = torch.zeros(M, dtype=ref.dtype, device=ref.device)  # (1/N) sum_i l_i
         self.nu_unary: torch.Tensor | None = None  # allocated at the first batch (K known then)
         self.nu_pair: torch.Tensor | None = None
+        self.ell: torch.Tensor | None = None
         self.start_epoch()
 
     # ------------------------------------------------------------------ state
@@ -184,21 +244,23 @@ class BCFW:
         ref, g = self.params[0], self.energy.graph
         M = self.lam.shape[0]
         self.nu_unary = ref.new_zeros(self.num_examples, M, g.num_nodes, K)
-        self.nu_pair = ref.new_zeros(self.num_examples, M, g.num_edges, K, K)
+        self.nu_pair = ref.new_zeros(self.num_examples, M, g.num_graphs * g.num_edges, K, K)
+        self.ell = ref.new_zeros(self.num_examples, M, self.num_comp)
 
     def state_dict(self) -> dict[str, torch.Tensor | None]:
-        """The dual state: nu_unary [N, M, n, K], nu_pair [N, M, E, K, K], active [M], lin [M]."""
-        return {"nu_unary": self.nu_unary, "nu_pair": self.nu_pair, "active": self.active, "lin": self.lin}
+        """The dual state: nu_unary [N, M, n, K], nu_pair [N, M, E, K, K], ell [N, M, C], active [M], lin [M]."""
+        return {"nu_unary": self.nu_unary, "nu_pair": self.nu_pair, "ell": self.ell, "active": self.active,
+                "lin": self.lin}
 
     def load_state_dict(self, state: dict[str, torch.Tensor | None]) -> None:
         """Restore ``state_dict()`` (the energy's parameters are restored separately)."""
-        missing = {"nu_unary", "nu_pair", "active", "lin"} - set(state)
+        missing = {"nu_unary", "nu_pair", "ell", "active", "lin"} - set(state)
         if missing:
             raise ValueError(f"state is missing keys {sorted(missing)}")
         if state["active"].shape != self.active.shape:
             raise ValueError(f"state['active'] must have shape {tuple(self.active.shape)}, "
                              f"got {tuple(state['active'].shape)}")
-        self.nu_unary, self.nu_pair = state["nu_unary"], state["nu_pair"]
+        self.nu_unary, self.nu_pair, self.ell = state["nu_unary"], state["nu_pair"], state["ell"]
         self.active, self.lin = state["active"].clone(), state["lin"].clone()
 
     def marginals(self, index: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,7 +283,7 @@ class BCFW:
         U, P = lift_models(pot, self.num_models)
         self._ensure_state(U.shape[-1])
         with torch.no_grad():
-            d_u, d_p, gaps, hinge, delta = self._terms(U.detach(), P.detach(), y, index)
+            d_u, d_p, gaps, hinge, d_ell = self._terms(U.detach(), P.detach(), y, index)
             gamma = self._block_steps(x, d_u, d_p, gaps, self.mask[:, index] & self.active[:, None])
             gd_u = gamma[..., self.node_comp, None] * d_u
             gd_p = gamma[..., self.edge_comp, None, None] * d_p
@@ -239,7 +301,8 @@ class BCFW:
                 p.sub_(self._per_param(t, p) * bs * g)
             self.nu_unary[index] -= (t[:, None, None, None] * gd_u).movedim(1, 0)
             self.nu_pair[index] -= (t[:, None, None, None, None] * gd_p).movedim(1, 0)
-            self.lin += t * (delta * gd_u).sum((1, 2, 3)) / self.count
+            self.ell[index] += (t[:, None, None] * gamma * d_ell).movedim(1, 0)
+            self.lin += t * (gamma * d_ell).sum((1, 2)) / self.count
             batch_gap = gaps.sum((1, 2))
             loss = (hinge * self.mask[:, index]).sum(1) / self.count
             self.epoch_gap += batch_gap
@@ -269,17 +332,36 @@ class BCFW:
 
     def _terms(self, U: torch.Tensor, P: torch.Tensor, y: torch.Tensor, index: torch.Tensor):
         """FW directions d = mu_hat - mu ([M, B, n, K], [M, B, E, K, K]), block gaps [M, B, C] (masked,
-        divided by N_m), hinge losses [M, B], and the Hamming vectors delta [B, n, K]."""
-        K, g = U.shape[-1], self.energy.graph
-        m_u, m_p = one_hot_marginals(y, g, K, U.dtype)
-        delta = self.margin_scale * (1.0 - m_u)
-        value, mh_u, mh_p = self.oracle(Potentials(U + delta, P, g))
+        divided by N_m), hinge losses [M, B], and the loss direction Delta(y_i, y_hat) - l_i per block [M, B, C]."""
+        K = U.shape[-1]
+        m_u, m_p = one_hot_marginals(y, self.energy.graph, K, U.dtype)
+        score = (U * m_u).sum((-1, -2)) + (P * m_p).sum((-1, -2, -3))  # [M, B]
+        if self.margin == "hamming":
+            delta = self.margin_scale * (1.0 - m_u)
+            value, mh_u, mh_p = self.oracle(self._potentials(U + delta, P))
+            loss = self._per_component((delta * mh_u).sum(-1), P.new_zeros(()).expand(*score.shape, P.shape[-3]))
+        else:  # max(score(y_i), margin + max_{y != y_i} score(y)): the worst violator, or y_i itself
+            value, mh_u, mh_p = self.oracle(self._potentials(U, P), exclude=y)
+            value = value + self.margin_scale
+            truth = score >= value
+            value = torch.where(truth, score, value)
+            mh_u = torch.where(truth[..., None, None], m_u, mh_u)
+            mh_p = torch.where(truth[..., None, None, None], m_p, mh_p)
+            loss = torch.where(truth, 0.0, self.margin_scale).to(U.dtype)[..., None]
         d_u = mh_u - m_u + self.nu_unary[index].movedim(1, 0)
         d_p = mh_p - m_p + self.nu_pair[index].movedim(1, 0)
-        hinge = value - (U * m_u).sum((-1, -2)) - (P * m_p).sum((-1, -2, -3))
-        gaps = self._per_component(((U + delta) * d_u).sum(-1), (P * d_p).sum((-1, -2)))
+        d_ell = loss - self.ell[index].movedim(1, 0)
+        gaps = self._per_component((U * d_u).sum(-1), (P * d_p).sum((-1, -2))) + d_ell
         gaps = gaps * (self.mask[:, index] / self.count[:, None])[..., None]
-        return d_u, d_p, gaps, hinge, delta
+        return d_u, d_p, gaps, value - score, d_ell
+
+    def _potentials(self, U: torch.Tensor, P: torch.Tensor) -> Potentials:
+        """The oracle's Potentials from ``lift_models``' unary [M, B, n, K] and pairwise [M, B, E, K, K]
+        (ensembles: back to [M, B, T, n-1, K, K], the mean score's scale)."""
+        g = self.energy.graph
+        if g.is_ensemble:
+            P = (P * g.num_graphs).unflatten(-3, (g.num_graphs, g.num_edges))
+        return Potentials(U, P, g)
 
     # ------------------------------------------------------------------ certificates
     def dual(self) -> torch.Tensor:
@@ -332,10 +414,10 @@ class BCFW:
                 for a, g in zip(acc, grads):
                     if g is not None:
                         a += g
-                _, _, _, h, delta = self._terms(U.detach(), P.detach(), y, index)
+                h = self._terms(U.detach(), P.detach(), y, index)[3]
                 w = self.mask[:, index] / self.count[:, None]
                 hinge += (h * w).sum(1)
-                lin -= ((delta * nu_u).sum((-1, -2)) * w).sum(1)
+                lin += (self.ell[index].sum(-1).T * w).sum(1)
                 seen[index] = True
         if not bool(seen.all()):
             raise ValueError(f"duality_gap needs batches covering all {self.num_examples} examples, "
@@ -411,8 +493,14 @@ class BCFW:
 
 def lift_models(pot: Potentials, num_models: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """unary [M, B, n, K], pairwise [M, B or 1, E, K, K] with an explicit model dim (M = 1 when num_models
-    is None) from the potentials of an energy with ``num_models``."""
+    is None) from the potentials of an energy with ``num_models``. Ensembles of T trees score the mean over
+    trees: pairwise [.., T, n-1, K, K] becomes one list of E = T (n-1) edges scaled by 1/T (a per-tree
+    unary is averaged), so score(y) = <U, m_u(y)> + <P, m_p(y)> as for a single graph."""
     U, P = pot.unary, pot.pairwise
+    if pot.graph.is_ensemble:
+        if pot.unary_per_graph:
+            U = U.mean(-3)
+        P = P.flatten(-4, -3) / pot.graph.num_graphs
     if num_models is None:
         U = U.unsqueeze(0)
     while P.dim() < 5:
@@ -441,7 +529,7 @@ def _gauss_seidel(A: torch.Tensor, g: torch.Tensor, ok: torch.Tensor, sweeps: in
 
 def _components(graph: Graph, device: torch.device) -> tuple[int, torch.Tensor]:
     """Number of connected components C and the component of each node [n]."""
-    e = graph.edges.numpy()
+    e = graph.edges.reshape(-1, 2).numpy()
     adj = coo_matrix((np.ones(len(e)), (e[:, 0], e[:, 1])), shape=(graph.num_nodes, graph.num_nodes))
     C, labels = connected_components(adj, directed=False)
     return int(C), torch.as_tensor(labels, dtype=torch.long, device=device)

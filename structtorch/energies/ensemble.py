@@ -1,0 +1,94 @@
+"""RTA's energy: joint features varphi(x) kron psi_ij(y_i, y_j) on the edges of T random spanning trees.
+
+Marchand, Su, Morvant, Rousu, Shawe-Taylor (NIPS 2014), Sec. 2-4: tree T_t scores its own edges,
+F_t(x, y) = <w_t, phi_hat_t(x, y)>, with phi_t = (varphi(x) kron psi_ij(y_i, y_j))_(ij in T_t) and
+phi_hat_t = phi_t / |phi_t| (unit norm: varphi(x) of unit norm, psi one-hot over the K^2 edge labels,
+n - 1 edges, so |phi_t| = sqrt(n - 1)); the ensemble's score is the mean F(x, y) = (1/T) sum_t F_t (eq. 3
+with uniform q), what ``ensemble_map`` maximises.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..graph import Graph
+from ..potentials import Potentials
+from .base import Energy
+from .linear import _check_num_models, _feature_gram
+
+__all__ = ["TreeEnsembleEnergy"]
+
+
+class TreeEnsembleEnergy(Energy):
+    """Per-tree edge weights on an ensemble of spanning trees (RTA).
+
+    Args:
+        num_features: D, the size of x.
+        trees: an ensemble ``Graph`` with edges [T, n-1, 2] (e.g. ``random_spanning_trees``).
+        num_states: K labels per node (2 for multilabel).
+        bias: a weight per (tree, edge, edge label) on a constant input (regularised like the biases of
+            the other energies).
+        normalize: varphi(x) = x / |x| and each tree's features scaled by 1 / sqrt(n-1) (phi_hat of the
+            paper); False: x as given, no scaling.
+        num_models: M models trained at once (regularisation grid, CV folds), or None.
+
+    Potentials: unary zeros [(M,) B, n, K]; pairwise [(M,) B, T, n-1, K, K]. Parameters: weight
+    [(M,) T, n-1, K*K, D], bias [(M,) T, n-1, K*K]. ``tree_edges`` (buffer, checkpointed) holds the trees.
+    """
+
+    is_linear = True
+
+    def __init__(self, num_features: int, trees: Graph, num_states: int = 2, bias: bool = True,
+                 normalize: bool = True, num_models: int | None = None) -> None:
+        super().__init__()
+        _check_num_models(num_models)
+        if not isinstance(trees, Graph) or not trees.is_ensemble:
+            raise ValueError(f"trees must be an ensemble Graph with edges [T, n-1, 2], got {trees!r}")
+        trees.require_spanning_trees("TreeEnsembleEnergy")
+        if isinstance(num_states, bool) or not isinstance(num_states, int) or num_states < 2:
+            raise ValueError(f"num_states must be an int >= 2, got {num_states!r}")
+        self.graph, self.num_states, self.num_models, self.normalize = trees, num_states, num_models, normalize
+        lead = () if num_models is None else (num_models,)
+        T, E = trees.num_graphs, trees.num_edges
+        self.weight = nn.Parameter(torch.zeros(*lead, T, E, num_states ** 2, num_features))
+        self.bias = nn.Parameter(torch.zeros(*lead, T, E, num_states ** 2)) if bias else None
+        self.register_buffer("tree_edges", trees.edges.clone())
+        #: 1 / |phi_t| with a unit-norm varphi(x): phi_hat_t = phi_t / sqrt(n - 1)
+        self.tree_scale = 1.0 / math.sqrt(E) if normalize and E else 1.0
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """varphi(x) [B, D]: x / |x| (normalize) or x."""
+        if not self.normalize:
+            return x
+        return x / x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+
+    def forward(self, x: torch.Tensor) -> Potentials:
+        """x [B, D] -> Potentials (unary [(M,) B, n, K] zeros, pairwise [(M,) B, T, n-1, K, K])."""
+        K, n = self.num_states, self.graph.num_nodes
+        s = torch.einsum("...tecd,bd->...btec", self.weight, self.features(x))  # [(M,) B, T, n-1, K*K]
+        if self.bias is not None:
+            s = s + self.bias.unsqueeze(-4)
+        pair = (s * self.tree_scale).unflatten(-1, (K, K))
+        unary = s.new_zeros(*s.shape[:-3], n, K)
+        return Potentials(unary, pair, self.graph)
+
+    def pairwise_weights(self) -> torch.Tensor:
+        """|w_t,e| [(M,) T, n-1]: the norm of each tree edge's weights (what the ensemble relies on)."""
+        w = self.weight.detach().flatten(-2).pow(2).sum(-1)
+        if self.bias is not None:
+            w = w + self.bias.detach().pow(2).sum(-1)
+        return w.sqrt()
+
+    def block_gram(self, x: torch.Tensor, d_unary: torch.Tensor, d_pair: torch.Tensor, bias_scale: float
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-node [(M,) n, B, B] (zeros: no unary parameters) and per-edge [(M,) T(n-1), B, B] Gram parts of
+        the per-example gradients of <pot(x_b), d_b>, with d_pair [(M,) B, T(n-1), K, K] in the flat layout
+        of ``lift_models`` (pairwise / T, trees one after the other); see ``FinleyJoachimsEnergy.block_gram``."""
+        T = self.graph.num_graphs
+        feat = _feature_gram(self.features(x), bias_scale if self.bias is not None else None)
+        pair = torch.einsum("...beij,...ceij->...ebc", d_pair, d_pair) * feat * (self.tree_scale / T) ** 2
+        nodes = d_unary.new_zeros(*d_unary.shape[:-3], self.graph.num_nodes, x.shape[0], x.shape[0])
+        return nodes, pair

@@ -1,0 +1,166 @@
+"""RTA: multilabel max-margin learning on an ensemble of random spanning trees (Marchand, Su, Morvant, Rousu,
+Shawe-Taylor, NIPS 2014).
+
+T spanning trees of the complete label graph are drawn uniformly (Pruefer sequences) from ``seed``; each tree
+has its own weights on the joint features varphi(x) kron psi_ij(y_i, y_j) of its edges
+(``TreeEnsembleEnergy``), and the ensemble scores F(x, y) = (1/T) sum_t <w_t, phi_hat_t(x, y)>. Training
+solves the primal of Def. 6,
+
+    min_w  lambda/2 sum_t |w_t|^2 + (1/N) sum_k max(0, 1 - (F(x_k, y_k) - max_{y != y_k} F(x_k, y))),
+
+(Def. 6 with slack weight C is this with lambda = 1 / (C N T^2)) by BCFW with a duality gap, the worst
+violator of each example from ``ensemble_map(..., exclude=y_k)`` (Sec. 4.1: K-best lists on every tree,
+Lemma 7's certificate, K doubled up to ``k_max`` where it fails). ``margin="hamming"`` trains the
+Hamming-rescaled variant instead. Prediction is ``ensemble_map`` with the same adaptive K.
+
+Logged: the fraction of training (per epoch), validation and test examples whose inference Lemma 7
+certified, and the mean K used; the ensemble's edge frequencies as a picture.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torchmetrics import MeanMetric
+
+from ..energies import TreeEnsembleEnergy
+from ..graph import Graph
+from ..inference import ensemble_map
+from ..losses import total_score
+from ..plots import heatmap_figure
+from ..potentials import Potentials
+from ..solvers import EnsembleOracle, Oracle
+from ..structure import random_spanning_trees
+from .base import StructuredLearner
+
+__all__ = ["RTA"]
+
+
+class RTA(StructuredLearner):
+    """Random Tree Approximation: a max-margin ensemble of ``num_trees`` random spanning trees.
+
+    Args:
+        num_trees: T, the number of uniform random spanning trees (paper: up to 40).
+        k: the K-best list length of the ensemble inference (Sec. 4.1).
+        k_max: K doubles up to k_max for the examples Lemma 7 does not certify (None: max(k, 2 n)).
+        seed: the seed the trees are drawn from (kept in the checkpoint with the trees).
+        normalize: unit-norm joint features per tree (phi_hat of the paper).
+        margin: "zero_one" (Def. 6, the default) or "hamming".
+        l2: lambda above (a number, or a grid chosen by CV); with unit-norm features it is small (1e-4).
+        bias_reg: the biases' regulariser relative to l2: 1, a constant input of the same norm as varphi(x)
+            (much smaller values make BCFW's steps crawl along the bias).
+        Other args as ``StructuredLearner``. The solver is BCFW (certified) by default; adam/sgd run the same
+        hinge by gradient steps.
+    """
+
+    def __init__(self, num_features: int, num_labels: int, num_trees: int = 10, k: int = 8,
+                 k_max: int | None = None, seed: int = 0, normalize: bool = True, margin: str = "zero_one",
+                 l2: float | list[float] = 1e-4, bias_reg: float = 1.0, **kwargs) -> None:
+        for name, v in (("num_trees", num_trees), ("k", k), ("num_labels", num_labels)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < (2 if name == "num_labels" else 1):
+                raise ValueError(f"RTA: {name} must be an int >= {2 if name == 'num_labels' else 1}, got {v!r}")
+        k_max = max(k, 2 * num_labels) if k_max is None else k_max
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < k:
+            raise ValueError(f"RTA: k_max must be an int >= k={k}, got {k_max!r}")
+        self._trees = random_spanning_trees(num_labels, num_trees, torch.Generator().manual_seed(seed))
+        super().__init__(num_features, num_labels, margin=margin, l2=l2, bias_reg=bias_reg, **kwargs)
+        self.save_hyperparameters({"k_max": k_max})
+        self.oracle = EnsembleOracle(k, k_max)  # counts the certified searches of training
+        self._train_max = self._ensemble_max  # margin="hamming" with a gradient solver
+        self.certified = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
+        self.mean_k = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
+        self.train_inference_stats: dict[str, float] = {}
+
+    def build_energy(self) -> TreeEnsembleEnergy:
+        return TreeEnsembleEnergy(self.hparams.num_features, self._trees, normalize=self.hparams.normalize,
+                                  num_models=self.num_models)
+
+    @property
+    def trees(self) -> Graph:
+        """The ensemble of spanning trees (edges [T, n-1, 2])."""
+        return self.energy.graph
+
+    # ------------------------------------------------------------------ training
+    @property
+    def solver_name(self) -> str:
+        return "bcfw" if self.hparams.solver == "auto" else self.hparams.solver
+
+    def smoothed_max(self) -> None:
+        return None  # no smoothed max of an ensemble: the certified solver is BCFW
+
+    def bcfw_oracle(self) -> Oracle:
+        return self.oracle
+
+    def worst_violator(self, pot: Potentials, y: torch.Tensor) -> torch.Tensor:
+        return ensemble_map(pot, self.hparams.k, self.hparams.k_max, exclude=y)[0]
+
+    def _ensemble_max(self, pot: Potentials) -> torch.Tensor:
+        """max_y F(y) [*B] (differentiable: the mean tree score of the maximiser)."""
+        y = ensemble_map(pot.detach(), self.hparams.k, self.hparams.k_max)[0]
+        return total_score(pot, y)
+
+    def on_train_epoch_start(self) -> None:
+        super().on_train_epoch_start()
+        self.oracle.reset()
+
+    def on_train_epoch_end(self) -> None:
+        stats = self.oracle.stats()
+        super().on_train_epoch_end()  # may run the gap pass: its searches are counted too
+        if self.oracle.searches:
+            self.train_inference_stats = self.oracle.stats() | {"searches": self.oracle.searches}
+            self.log("train/certified", stats["certified"])
+            self.log("train/mean_k", stats["mean_k"])
+
+    # ------------------------------------------------------------------ prediction
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.predict_with_certificate(x)[0]
+
+    def predict_with_certificate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(y_hat [B, n], certified bool [B], K used [B]) by ``ensemble_map`` with adaptive K."""
+        y, _, certified, k_used = ensemble_map(self.potentials(x), self.hparams.k, self.hparams.k_max)
+        return y, certified, k_used
+
+    def _evaluate(self, batch: tuple[torch.Tensor, ...], metrics) -> torch.Tensor:
+        x, y = batch[0], batch[1]
+        y_hat, certified, k_used = self.predict_with_certificate(x)
+        stage = metrics.prefix.rstrip("/")
+        metrics.update(y_hat, y)
+        self.certified[stage].update(certified.float())
+        self.mean_k[stage].update(k_used.float())
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(x))
+        self.log(f"{stage}/certified", self.certified[stage], on_step=False, on_epoch=True, batch_size=len(x))
+        return y_hat
+
+    def solver_report(self) -> dict[str, Any]:
+        report = super().solver_report()
+        report["inference"] = {"train": self.train_inference_stats,
+                               **{s: {"mean_k": float(self.mean_k[s].compute()) if self.mean_k[s].update_count
+                                      else None} for s in ("val", "test")}}
+        return report
+
+    # ------------------------------------------------------------------ structure
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        saved = checkpoint.get("state_dict", {}).get("energy.tree_edges")
+        if saved is not None and not torch.equal(saved.cpu(), self.trees.edges.cpu()):
+            raise ValueError(f"the checkpoint's trees differ from the ones drawn from seed={self.hparams.seed} "
+                             f"(num_trees={self.hparams.num_trees}): load it with the seed it was trained with")
+
+    def edge_frequency(self) -> torch.Tensor:
+        """How many trees of the ensemble hold each label pair: [n, n] (symmetric)."""
+        n, e = self.hparams.num_labels, self.trees.edges.reshape(-1, 2)
+        freq = torch.zeros(n, n)
+        freq.index_put_((e[:, 0], e[:, 1]), torch.ones(len(e)), accumulate=True)
+        return freq + freq.T
+
+    def structure_summary(self) -> dict[str, Any]:
+        names, e = self.label_names, self.trees.edges
+        return {"num_trees": self.trees.num_graphs, "is_forest": False,
+                "trees": [[[names[a], names[b]] for a, b in tree.tolist()] for tree in e]}
+
+    def structure_figure(self):
+        T = self.trees.num_graphs
+        return heatmap_figure(self.edge_frequency(), self.label_names,
+                              f"RTA: edge frequency in {T} random spanning trees", "trees holding the edge")
