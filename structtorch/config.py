@@ -14,7 +14,7 @@ from omegaconf import MISSING
 from .data.download import mulan_datasets
 
 __all__ = ["Config", "ModelConfig", "FixedTreeConfig", "FullConfig", "MulanDataConfig", "SyntheticDataConfig",
-           "RTAConfig", "TrainerConfig", "TreeCRFConfig", "TreeCRFSyntheticDataConfig", "register_configs"]
+           "MAMConfig", "RTAConfig", "TrainerConfig", "TreeCRFConfig", "TreeCRFSyntheticDataConfig", "register_configs"]
 
 
 @dataclass
@@ -97,6 +97,14 @@ class RTAConfig(ModelConfig):
     margin: str = "zero_one"
     l2: Any = 1e-4
     bias_reg: float = 1.0
+
+
+@dataclass
+class MAMConfig(ModelConfig):
+    """MAM: random spanning-tree M3Ns trained separately, max-marginals averaged (RTA's comparison point)."""
+
+    num_trees: int = 10
+    seed: int = 0
 
 
 @dataclass
@@ -205,6 +213,7 @@ def register_configs() -> None:
     cs.store(group="model", name="crank_schema", node=CRANKConfig)
     cs.store(group="model", name="tree_crf_schema", node=TreeCRFConfig)
     cs.store(group="model", name="rta_schema", node=RTAConfig)
+    cs.store(group="model", name="mam_schema", node=MAMConfig)
     cs.store(group="data", name="mulan_schema", node=MulanDataConfig)
     cs.store(group="data", name="synthetic_schema", node=SyntheticDataConfig)
     cs.store(group="data", name="tree_crf_synthetic_schema", node=TreeCRFSyntheticDataConfig)

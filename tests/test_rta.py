@@ -237,3 +237,27 @@ def test_rta_bad_input(small):
 
 def test_rta_is_a_cli_learner():
     assert LEARNERS["rta"] is RTA
+
+
+# ---------------------------------------------------------------------- MAM
+def test_mam_trains_its_trees_separately_and_averages_max_marginals(small):
+    """MAM's forest holds one copy of the labels per tree; with one tree it predicts that tree's MAP (the
+    argmax of exact max-marginals); with five it learns (above the majority vote)."""
+    one = LEARNERS["mam"](small.num_features, small.num_labels, num_trees=1, l2=1e-2)
+    t = trainer(epochs=50)
+    t.fit(one, datamodule=small)
+    assert one.solver_report()["converged"]
+    x = small.test_tensors[0][:200]
+    with torch.no_grad():
+        pot = one.tree_potentials(one.potentials(x))
+    from structtorch.inference import tree_map
+    torch.testing.assert_close(one(x), tree_map(pot)[1][:, 0])
+    five = LEARNERS["mam"](small.num_features, small.num_labels, num_trees=5, l2=1e-2)
+    assert five.energy.graph.num_nodes == 5 * small.num_labels and five.energy.graph.num_components == 5
+    t = trainer(epochs=50)
+    t.fit(five, datamodule=small)
+    y = small.test_tensors[1]
+    majority = torch.maximum(y.float().mean(0), 1 - y.float().mean(0)).mean().item()
+    assert t.test(five, datamodule=small, verbose=False)[0]["test/hamming_acc"] >= majority + 0.1
+    with pytest.raises(ValueError, match="num_trees"):
+        LEARNERS["mam"](small.num_features, small.num_labels, num_trees=0)

@@ -715,3 +715,18 @@ def test_brute_force_on_an_empty_batch(batch):
     assert inf.brute_force_map(pot)[1].shape == (*batch, 3)
     assert inf.brute_force_logz(pot).shape == batch
     assert inf.brute_force_kbest(pot, 2)[1].shape == (*batch, 2, 3)
+
+
+# ---------------------------------------------------------------------- max-marginals
+@settings(max_examples=60, deadline=None)
+@given(pot=st.one_of(potentials(), ensemble_potentials()))
+def test_tree_max_marginals_equal_enumeration(pot):
+    """max over assignments with y_i = a, for every node and state (ensembles: per tree), -inf where impossible."""
+    from structtorch.inference.exact import _all_scores
+
+    scores, ys = _all_scores(pot)  # [*B, (T,) A], [A, n]
+    pick = (ys.T[:, None, :] == torch.arange(pot.num_states)[None, :, None])  # [n, K, A]
+    ref = scores[..., None, None, :].masked_fill(~pick, NEG_INF).amax(-1)  # [*B, (T,) n, K]
+    mm = inf.tree_max_marginals(pot, chunk_elements=7)  # tiny chunks: the chunked path too
+    assert mm.shape == ref.shape
+    assert_same_values(mm, ref, pot.dtype)

@@ -4,7 +4,7 @@ from .exact import brute_force_kbest, brute_force_logz, brute_force_map, brute_f
 from .kbest import ensemble_map, tree_kbest
 from .lp import LPResult, lp_map
 from .smoothed import SmoothedLPResult, smoothed_lp
-from .tree import tree_logz, tree_map, tree_marginals, tree_sample
+from .tree import tree_logz, tree_map, tree_marginals, tree_max_marginals, tree_sample
 
 __all__ = [
     "LPResult",
@@ -20,5 +20,6 @@ __all__ = [
     "tree_logz",
     "tree_map",
     "tree_marginals",
+    "tree_max_marginals",
     "tree_sample",
 ]

@@ -32,7 +32,7 @@ import torch
 from ..graph import Schedule
 from ..potentials import Potentials
 
-__all__ = ["tree_map", "tree_logz", "tree_marginals", "tree_sample"]
+__all__ = ["tree_map", "tree_logz", "tree_marginals", "tree_max_marginals", "tree_sample"]
 
 _LOG2E = 1.4426950408889634
 
@@ -365,6 +365,32 @@ def tree_marginals(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
     K = pot.num_states
     return (mu.permute(2, 0, 1).reshape(*lead, g.num_nodes, K),
             mu_pair.permute(3, 0, 1, 2).reshape(*lead, g.num_edges, K, K))
+
+
+def tree_max_marginals(pot: Potentials, chunk_elements: int = 1 << 24) -> torch.Tensor:
+    """Exact max-marginals on a tree/forest: max over assignments with y_i = a of score(y), for every node i
+    and state a: [*B, n, K] (ensembles: per graph, [*B, T, n, K]); -inf where y_i = a is impossible.
+
+    Each (node, state) is clamped in turn (the node's other states set to -inf) and all n K clamped problems
+    run as one batch of ``tree_map`` (chunked over nodes to about ``chunk_elements`` unary entries).
+    """
+    if not isinstance(pot, Potentials):
+        raise TypeError(f"tree_max_marginals expects a structtorch.Potentials, got {type(pot).__name__}")
+    pot.graph.require_forest("tree_max_marginals")
+    u, p = pot.expanded()  # [*B, (T,) n, K], [*B, (T,) E, K, K]
+    n, K = pot.graph.num_nodes, pot.num_states
+    lead = u.dim() - 2
+    step = max(1, chunk_elements // max(1, u.numel() * K))
+    out = []
+    with torch.no_grad():
+        for start in range(0, n, step):
+            nodes = torch.arange(start, min(n, start + step), device=u.device)
+            keep = torch.ones(len(nodes), K, n, K, dtype=torch.bool, device=u.device)  # clamp (nodes[j], a)
+            keep[torch.arange(len(nodes)), :, nodes] = torch.eye(K, dtype=torch.bool, device=u.device)
+            keep = keep.view(len(nodes), K, *([1] * lead), n, K)
+            clamped = Potentials(u.masked_fill(~keep, float("-inf")), p, pot.graph)
+            out.append(tree_map(clamped)[0])  # [c, K, *B, (T,)]
+    return torch.cat(out).movedim(1, -1).movedim(0, -2)
 
 
 def tree_sample(pot: Potentials, num_samples: int, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -3,11 +3,11 @@
 from .base import TEST_INFERENCE, TRAIN_INFERENCE, StructuredLearner
 from .baselines import MST, FixedTree, Full, Greedy, Independent
 from .crank import CRANK, Project
-from .rta import RTA
+from .rta import MAM, RTA
 from .tree_crf import TreeCRF
 
 LEARNERS = {"independent": Independent, "fixed_tree": FixedTree, "full": Full, "crank": CRANK, "greedy": Greedy,
-            "mst": MST, "project": Project, "tree_crf": TreeCRF, "rta": RTA}
+            "mst": MST, "project": Project, "tree_crf": TreeCRF, "rta": RTA, "mam": MAM}
 
-__all__ = ["CRANK", "LEARNERS", "MST", "TEST_INFERENCE", "TRAIN_INFERENCE", "FixedTree", "Full", "Greedy",
+__all__ = ["CRANK", "LEARNERS", "MAM", "MST", "TEST_INFERENCE", "TRAIN_INFERENCE", "FixedTree", "Full", "Greedy",
            "Independent", "Project", "RTA", "StructuredLearner", "TreeCRF"]

@@ -152,6 +152,11 @@ class StructuredLearner(L.LightningModule):
         """The energy of this learner (subclasses override, or pass ``energy=``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement build_energy() or be given energy=")
 
+    def energy_labels(self, y: torch.Tensor) -> torch.Tensor:
+        """The labels y [B, n] as the energy's graph holds them (what the training loss compares with); the
+        identity, except for learners whose graph copies the labels (MAM: one copy per tree)."""
+        return y
+
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """The edges to keep, bool [E] over ``self.energy.graph`` (the candidate graph), chosen from the
         training set x [N, D], y [N, n]; None (default) keeps the energy's graph as built."""
@@ -226,7 +231,7 @@ class StructuredLearner(L.LightningModule):
         hp = self.hparams
         x, y = _training_tensors(self.trainer)
         dtype = next(self.energy.parameters()).dtype
-        x, y = x.to(self.device, dtype), y.to(self.device)
+        x, y = x.to(self.device, dtype), self.energy_labels(y.to(self.device))
         lam, mask = self._grid(len(x))
         if self.solver_name == "lbfgs":
             crf = hp.loss == "crf"
@@ -290,7 +295,7 @@ class StructuredLearner(L.LightningModule):
         if len(batch) < 3:
             raise ValueError("solver=bcfw needs batches (x, y, index) with each example's index in the training set")
         x, y, index = (self.all_gather(t).flatten(0, 1) if self.trainer.world_size > 1 else t for t in batch[:3])
-        info = self.solver.step(x, y, index)  # every rank takes the same step on the gathered batch
+        info = self.solver.step(x, self.energy_labels(y), index)  # every rank takes the same step (gathered batch)
         self.optimizers().step()
         self.log("train/loss", info.loss.sum(), prog_bar=True, on_step=False, on_epoch=True, reduce_fx="sum",
                  batch_size=len(x))
@@ -302,7 +307,8 @@ class StructuredLearner(L.LightningModule):
         dm_x, dm_y = _training_tensors(self.trainer)
         dtype = next(self.energy.parameters()).dtype
         every = torch.arange(len(dm_x), device=self.device)
-        return self.solver.duality_gap((dm_x[i.cpu()].to(self.device, dtype), dm_y[i.cpu()].to(self.device), i)
+        return self.solver.duality_gap((dm_x[i.cpu()].to(self.device, dtype),
+                                        self.energy_labels(dm_y[i.cpu()].to(self.device)), i)
                                        for i in every.split(1024))
 
     def on_fit_start(self) -> None:
@@ -454,7 +460,7 @@ class StructuredLearner(L.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor | None:
         if not self.automatic_optimization:
             return self._certified_step(batch, batch_idx)
-        x, y = batch[0], batch[1]
+        x, y = batch[0], self.energy_labels(batch[1])
         data_loss = self.loss(self.energy(x), y, batch[2] if len(batch) > 2 else None).mean()
         total = data_loss + self.regularizer()
         self.log("train/loss", data_loss, prog_bar=True, on_step=False, on_epoch=True, batch_size=len(x),

@@ -25,9 +25,9 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
-from ..energies import TreeEnsembleEnergy
+from ..energies import LinearTableEnergy, TreeEnsembleEnergy
 from ..graph import Graph
-from ..inference import ensemble_map
+from ..inference import ensemble_map, tree_max_marginals
 from ..losses import total_score
 from ..plots import heatmap_figure
 from ..potentials import Potentials
@@ -35,7 +35,7 @@ from ..solvers import EnsembleOracle, Oracle
 from ..structure import random_spanning_trees
 from .base import StructuredLearner
 
-__all__ = ["RTA"]
+__all__ = ["MAM", "RTA"]
 
 
 class RTA(StructuredLearner):
@@ -69,6 +69,7 @@ class RTA(StructuredLearner):
         self.save_hyperparameters({"k_max": k_max})
         self.oracle = EnsembleOracle(k, k_max)  # counts the certified searches of training
         self._train_max = self._ensemble_max  # margin="hamming" with a gradient solver
+        self._predict = lambda pot: ensemble_map(pot, self.hparams.k, self.hparams.k_max)[0]  # also the CV grid's
         self.certified = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
         self.mean_k = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
         self.train_inference_stats: dict[str, float] = {}
@@ -148,13 +149,6 @@ class RTA(StructuredLearner):
             raise ValueError(f"the checkpoint's trees differ from the ones drawn from seed={self.hparams.seed} "
                              f"(num_trees={self.hparams.num_trees}): load it with the seed it was trained with")
 
-    def edge_frequency(self) -> torch.Tensor:
-        """How many trees of the ensemble hold each label pair: [n, n] (symmetric)."""
-        n, e = self.hparams.num_labels, self.trees.edges.reshape(-1, 2)
-        freq = torch.zeros(n, n)
-        freq.index_put_((e[:, 0], e[:, 1]), torch.ones(len(e)), accumulate=True)
-        return freq + freq.T
-
     def structure_summary(self) -> dict[str, Any]:
         names, e = self.label_names, self.trees.edges
         return {"num_trees": self.trees.num_graphs, "is_forest": False,
@@ -162,5 +156,60 @@ class RTA(StructuredLearner):
 
     def structure_figure(self):
         T = self.trees.num_graphs
-        return heatmap_figure(self.edge_frequency(), self.label_names,
+        return heatmap_figure(edge_frequency(self.trees), self.label_names,
                               f"RTA: edge frequency in {T} random spanning trees", "trees holding the edge")
+
+
+class MAM(StructuredLearner):
+    """MAM (maximum average marginal aggregation, Su & Rousu 2013), RTA's comparison point: ``num_trees``
+    random spanning-tree M3Ns trained *separately*, each label predicted by the mean over trees of its
+    max-marginals (``tree_max_marginals``).
+
+    The trees (drawn from ``seed`` as in ``RTA``) are one batched problem: a forest on T n nodes, node t n + i
+    being tree t's copy of label i (``energy_labels`` copies the labels), so the certified solver trains every
+    tree at once and each tree's hinge (Hamming margin) is its own; the objective is their sum. Each tree is an
+    M3N with node and edge tables linear in x (``LinearTableEnergy``, input-dependent pairwise).
+    """
+
+    def __init__(self, num_features: int, num_labels: int, num_trees: int = 10, seed: int = 0, **kwargs) -> None:
+        if isinstance(num_trees, bool) or not isinstance(num_trees, int) or num_trees < 1:
+            raise ValueError(f"MAM: num_trees must be a positive int, got {num_trees!r}")
+        self.trees = random_spanning_trees(num_labels, num_trees, torch.Generator().manual_seed(seed))
+        super().__init__(num_features, num_labels, **kwargs)
+        self._predict = self._average_max_marginals
+
+    def build_energy(self) -> LinearTableEnergy:
+        T, n = self.trees.num_graphs, self.trees.num_nodes
+        forest = Graph(T * n, (self.trees.edges + n * torch.arange(T)[:, None, None]).reshape(-1, 2))
+        return LinearTableEnergy(self.hparams.num_features, T * n, 2, forest, input_dependent_pairwise=True,
+                                 num_models=self.num_models)
+
+    def energy_labels(self, y: torch.Tensor) -> torch.Tensor:
+        return y.repeat(1, self.trees.num_graphs)  # [B, T n]: every tree's copy of the labels
+
+    def tree_potentials(self, pot: Potentials) -> Potentials:
+        """The forest's potentials [*B, T n, K], [*B, T (n-1), K, K] as the ensemble of the T trees."""
+        T, n = self.trees.num_graphs, self.trees.num_nodes
+        return Potentials(pot.unary.unflatten(-2, (T, n)), pot.pairwise.unflatten(-3, (T, n - 1)), self.trees)
+
+    def _average_max_marginals(self, pot: Potentials) -> torch.Tensor:
+        """argmax_a of the mean over trees of the max-marginals of label i, a: [*B, n]."""
+        return tree_max_marginals(self.tree_potentials(pot)).mean(-3).argmax(-1)
+
+    def structure_summary(self) -> dict[str, Any]:
+        names = self.label_names
+        return {"num_trees": self.trees.num_graphs, "is_forest": False,
+                "trees": [[[names[a], names[b]] for a, b in tree.tolist()] for tree in self.trees.edges]}
+
+    def structure_figure(self):
+        return heatmap_figure(edge_frequency(self.trees), self.label_names,
+                              f"MAM: edge frequency in {self.trees.num_graphs} random spanning trees",
+                              "trees holding the edge")
+
+
+def edge_frequency(trees: Graph) -> torch.Tensor:
+    """How many trees of an ensemble hold each label pair: [n, n] (symmetric)."""
+    n, e = trees.num_nodes, trees.edges.reshape(-1, 2)
+    freq = torch.zeros(n, n)
+    freq.index_put_((e[:, 0], e[:, 1]), torch.ones(len(e)), accumulate=True)
+    return freq + freq.T

@@ -1,0 +1,200 @@
+"""RTA (Marchand et al., NIPS 2014) Table 1 and Figure 1 on Mulan datasets, beside the paper's numbers.
+
+    python experiments/rta_table1.py [--datasets emotions scene yeast] [--models rta svm mam] [--folds 5]
+                                     [--trees 10] [--k 8] [--set model.l2=1e-4 ...] [--figure1] [--update]
+
+Table 1 protocol (paper Sec. 5): k-fold cross-validation over the whole dataset (train and test files
+together, ``data.num_folds``/``data.fold``); microlabel loss (100 - Hamming accuracy) and 0/1 loss
+(100 - subset accuracy), mean and standard deviation over the folds. Every cell is one run of the CLI
+code path (``structtorch.train.run``):
+
+- ``rta``: ``model=rta`` (BCFW to a 1e-3 duality gap or ``--max-epochs``; lambda = ``model.l2``, default
+  1e-4 on unit-norm features, not tuned on any test fold), with the fraction of test examples whose
+  inference Lemma 7 certified; ``rta_hamming``: the same with the Hamming-rescaled margin;
+- ``svm``: the paper's SVM = ``model=independent`` (one linear SVM per label), l2 chosen by 5-fold CV
+  inside each training fold (the grid is one batched, certified model);
+- ``mam``: ``model=mam``, the same number of random trees trained separately, max-marginals averaged.
+
+``--figure1``: the percentage of test examples (fold 0) whose K-best inference is certified exact (Lemma 7)
+against K, as a percentage of the number of labels, for RTA with 5, 10 and 40 trees (paper Fig. 1),
+written to ``<out>_figure1.{csv,md,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import tempfile
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from tables import write_table
+
+from structtorch.learners import RTA
+from structtorch.train import build_datamodule, run
+
+ROOT = Path(__file__).resolve().parents[1]
+#: paper Table 1 (5-fold CV, %): microlabel loss and 0/1 loss of SVM, MAM, RTA, and the best other method
+PAPER = {
+    "emotions": {"svm": (22.4, 77.8), "mam": (19.5, 69.6), "rta": (18.8, 66.3), "best other": "MAM 19.5 / MAM 69.6"},
+    "yeast": {"svm": (20.0, 85.9), "mam": (20.1, 86.0), "rta": (19.8, 77.7), "best other": "SVM 20.0 / SVM 85.9"},
+    "scene": {"svm": (9.8, 47.2), "mam": (17.0, 94.6), "rta": (8.8, 30.2), "best other": "SVM 9.8 / SVM 47.2"},
+    "enron": {"svm": (6.4, 99.6), "mam": (5.0, 87.9), "rta": (5.3, 87.7), "best other": "MAM 5.0 / MAM 87.9"},
+    "medical": {"svm": (2.6, 91.8), "mam": (2.1, 63.1), "rta": (2.1, 58.8), "best other": "MAM 2.1 / MAM 63.1"},
+}
+MODELS = {"rta": "rta", "rta_hamming": "rta", "svm": "independent", "mam": "mam"}
+SVM_GRID = "[0.001,0.01,0.1,1]"
+FIGURE_TREES = (5, 10, 40)
+FIGURE_K = (2, 4, 8, 16, 32, 40, 60)  # the paper's K values
+
+
+def compose_run(overrides: list[str], out: Path) -> dict:
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    return run(cfg, out)
+
+
+def cell_overrides(model: str, data: str, fold: int, args) -> list[str]:
+    o = [f"model={MODELS[model]}", f"data={data}", f"data.num_folds={args.folds}", f"data.fold={fold}",
+         "data.val_fraction=0", f"trainer.max_epochs={args.max_epochs}", "logger=none",
+         "trainer.enable_progress_bar=false"]
+    if model in ("rta", "rta_hamming", "mam"):
+        o += [f"model.num_trees={args.trees}"]
+    if model in ("rta", "rta_hamming"):
+        o += [f"model.k={args.k}", *args.set] + (["model.margin=hamming"] if model == "rta_hamming" else [])
+    if model in ("svm", "mam"):
+        o += [f"model.l2={SVM_GRID}"]
+    return o
+
+
+def table1(args, out: Path) -> list[dict]:
+    kept = _read_rows(out.with_suffix(".csv")) if args.update else []
+    rows = [r for r in kept if not (r["dataset"] in args.datasets and r["model"] in args.models)]
+    for data in args.datasets:
+        for model in args.models:
+            folds = []
+            for fold in range(args.folds):
+                with tempfile.TemporaryDirectory() as tmp:
+                    m = compose_run(cell_overrides(model, data, fold, args) + ["trainer.enable_checkpointing=false"],
+                                    Path(tmp))
+                folds.append(m)
+                print(data, model, fold, {k: round(v, 4) for k, v in m.items() if k.startswith("test/")}, flush=True)
+            rows.append(summary_row(data, model, folds))
+            write_table(rows, out, COLUMNS, footer=FOOTER)
+    return rows
+
+
+COLUMNS = ["dataset", "model", "microlabel loss %", "0/1 loss %", "paper", "certified %", "gap", "l2", "train s"]
+FOOTER = ["", "Mean +- standard deviation over the folds. paper: the paper's Table 1 (microlabel / 0-1 loss) "
+          "for the same method. certified: test examples whose ensemble inference Lemma 7 certified exact."]
+
+
+def summary_row(data: str, model: str, folds: list[dict]) -> dict:
+    micro = [100 * (1 - m["test/hamming_acc"]) for m in folds]
+    zero_one = [100 * (1 - m["test/subset_acc"]) for m in folds]
+    paper = PAPER.get(data, {}).get(model.split("_")[0])
+    gaps = [max(_flat(m["solver"].get("relative_gap", math.nan))) for m in folds]
+    return {"dataset": data, "model": model, "microlabel loss %": _mean_sd(micro), "0/1 loss %": _mean_sd(zero_one),
+            "paper": "" if paper is None else f"{paper[0]} / {paper[1]}",
+            "certified %": _mean_sd([100 * m["test/certified"] for m in folds]) if "test/certified" in folds[0]
+            else "",
+            "gap": f"{max(gaps):.1e}", "l2": " ".join(str(m.get("cv", {}).get("chosen_l2", "")) for m in folds),
+            "train s": round(sum(m["train_seconds"] for m in folds), 1),
+            "microlabel folds": " ".join(f"{v:.2f}" for v in micro),
+            "0/1 folds": " ".join(f"{v:.2f}" for v in zero_one)}
+
+
+def figure1(args, out: Path) -> None:
+    """Certified fraction of fold-0 test examples against K, for 5, 10 and 40 trees."""
+    rows = []
+    for data in args.datasets:
+        for T in FIGURE_TREES:
+            a = argparse.Namespace(**{**vars(args), "trees": T})
+            with tempfile.TemporaryDirectory() as tmp:
+                o = cell_overrides("rta", data, 0, a) + ["test=false"]
+                compose_run(o, Path(tmp))
+                model = RTA.load_from_checkpoint(str(Path(tmp) / "checkpoints" / "last.ckpt"), map_location="cpu")
+                with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+                    dm = build_datamodule(compose("config", overrides=o).data)
+            dm.setup("test")
+            x, _ = dm.test_tensors
+            n = dm.num_labels
+            model.eval()
+            for K in FIGURE_K:
+                model.hparams.k, model.hparams.k_max = K, K
+                with torch.no_grad():
+                    certified = model.predict_with_certificate(x)[1]
+                rows.append({"dataset": data, "trees": T, "K": K, "K % of labels": round(100 * K / n, 1),
+                             "certified %": round(100 * float(certified.float().mean()), 2)})
+                print(rows[-1], flush=True)
+            write_table(rows, Path(f"{out}_figure1"))
+    plot_figure1(rows, Path(f"{out}_figure1.png"))
+
+
+def plot_figure1(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    datasets = sorted({r["dataset"] for r in rows})
+    for key in dict.fromkeys((r["dataset"], r["trees"]) for r in rows):
+        cell = [r for r in rows if (r["dataset"], r["trees"]) == key]
+        style = FIGURE_TREES.index(key[1]) % 3 if key[1] in FIGURE_TREES else 0
+        ax.plot([r["K % of labels"] for r in cell], [r["certified %"] for r in cell], marker="os^"[style],
+                color=f"C{datasets.index(key[0])}", linestyle=("-", "--", ":")[style],
+                label=f"{key[0]}, {key[1]} trees")
+    ax.axvline(100, color="grey", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("K, % of the number of labels")
+    ax.set_ylabel("% of test examples certified exact (Lemma 7)")
+    ax.set_title("RTA Figure 1: exact K-best inference on the tree ensemble")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _flat(v) -> list[float]:
+    return v if isinstance(v, list) else [v]
+
+
+def _mean_sd(values: list[float]) -> str:
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))
+    return f"{mean:.2f} +- {sd:.2f}"
+
+
+def _read_rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datasets", nargs="+", default=["emotions", "scene", "yeast"])
+    ap.add_argument("--models", nargs="+", default=["rta", "svm", "mam"], choices=sorted(MODELS))
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--trees", type=int, default=10)
+    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--max-epochs", type=int, default=60)
+    ap.add_argument("--set", nargs="*", default=[], help="extra Hydra overrides for the RTA runs")
+    ap.add_argument("--figure1", action="store_true", help="Figure 1 instead of Table 1")
+    ap.add_argument("--update", action="store_true", help="keep the committed rows that are not rerun")
+    ap.add_argument("--out", default=str(ROOT / "experiments/results/rta_table1"))
+    args = ap.parse_args()
+    out = Path(args.out)
+    if args.figure1:
+        figure1(args, out)
+    else:
+        table1(args, out)
+
+
+if __name__ == "__main__":
+    main()
