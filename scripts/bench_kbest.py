@@ -15,12 +15,22 @@
 
 Times are the best (min) of --repeats calls (3 for calls over a second) after one warm-up call
 (schedule cache, allocator), in milliseconds, float32. JSON: ``rows`` holds (b), ``scaling`` (a).
+
+``--memory`` instead: (c) ``ensemble_map``'s peak memory at RTA's sizes (T = 40 trees, k = 32, B = 64, K = 2,
+n up to 174 labels, the paper's largest), each call in a fresh process (peak RSS above the process's
+footprint after building the inputs; CUDA: ``max_memory_allocated``): ``ensemble_map`` (candidates ranked on
+the union graph, O(B T k n)), the K-best lists alone (``tree_kbest``, the floor), and the former candidate
+scoring (every candidate on every tree, O(B T^2 k n)) where it fits. Writes ``bench_kbest_memory.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
+import resource
+import subprocess
+import sys
 import time
 import warnings
 
@@ -30,6 +40,7 @@ from benchutil import timeit, write_results
 
 import structtorch as st
 from structtorch import inference as inf
+from structtorch.structure import random_spanning_trees
 
 try:
     from torch_struct import LinearChainCRF
@@ -139,6 +150,59 @@ def versus_torch_struct(device, dtype, repeats, ns, ks, topk_max_k) -> list[dict
     return rows
 
 
+# ---------------------------------------------------------------------- (c) ensemble_map memory
+MEMORY_SIZES = [(14, 40, 32), (50, 40, 32), (174, 40, 32)]  # (n, T, k); B = 64
+#: the former O(B T^2 k n) scoring is only run where its index tensors stay below a few GB
+PER_TREE_MAX_N = 50
+
+
+def _ensemble_call(method: str, pot: st.Potentials, k: int):
+    if method == "ensemble_map":
+        return inf.ensemble_map(pot, k)
+    if method == "tree_kbest":
+        return inf.tree_kbest(pot, k)
+    ys = inf.tree_kbest(pot, k)[1]  # "per_tree": score every candidate on every tree (before the union graph)
+    B, T, _, n = ys.shape
+    return pot.score(ys.reshape(B, T * k, n).transpose(0, 1)).mean(-1)
+
+
+def memory_child(method: str, n: int, T: int, k: int, device: torch.device) -> dict:
+    """One measurement (run in its own process): peak memory and time of one call."""
+    trees = random_spanning_trees(n, T, torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(1)
+    pot = st.Potentials(torch.zeros(BATCH, n, K_STATES).to(device),
+                        torch.randn(BATCH, T, n - 1, K_STATES, K_STATES, generator=gen).to(device), trees)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux: KiB)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device) / 2 ** 20
+    t = time.perf_counter()
+    with torch.no_grad():
+        _ensemble_call(method, pot, k)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated(device) / 2 ** 20
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"method": method, "n": n, "T": T, "k": k, "B": BATCH, "peak_mib": round(peak - before, 1),
+            "seconds": round(time.perf_counter() - t, 3)}
+
+
+def memory(device: torch.device) -> list[dict]:
+    print(f"\n(c) ensemble_map peak memory, B={BATCH}, K={K_STATES} (MiB above the inputs, one call per process)")
+    print(f"{'n':>5} {'T':>4} {'k':>4} | {'method':>13} | {'peak MiB':>9} {'s':>8}")
+    rows = []
+    for n, T, k in MEMORY_SIZES:
+        for method in ("tree_kbest", "ensemble_map", "per_tree"):
+            if method == "per_tree" and n > PER_TREE_MAX_N:
+                continue
+            cmd = [sys.executable, __file__, "--memory-child", method, str(n), str(T), str(k), "--device", str(device)]
+            row = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+            rows.append(row)
+            print(f"{n:>5} {T:>4} {k:>4} | {method:>13} | {row['peak_mib']:>9.1f} {row['seconds']:>8.3f}", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
@@ -150,11 +214,22 @@ def main() -> None:
     ap.add_argument("--topk-max-k", type=int, default=8, help="time torch-struct's topk (autograd through the "
                     "k-max semiring: seconds per call at k=32) only up to this k")
     ap.add_argument("--out", default="scripts/results/bench_kbest.json")
+    ap.add_argument("--memory", action="store_true", help="(c) only: ensemble_map's peak memory at RTA's sizes")
+    ap.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     warnings.filterwarnings("ignore", message=".*arg_constraints")  # torch-struct's distributions
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if args.memory_child:
+        method, n, T, k = args.memory_child
+        print(json.dumps(memory_child(method, int(n), int(T), int(k), device)))
+        return
+    if args.memory:
+        rows = memory(device)
+        write_results(args.out.replace("bench_kbest.json", "bench_kbest_memory.json"), rows, device, B=BATCH,
+                      K=K_STATES)
+        return
     if args.quick:
         ns, ks, ts_ns, ts_ks, repeats = [16, 32, 64, 128], [1, 2, 4, 8, 16], [16, 64], [2, 8], min(args.repeats, 3)
     else:

@@ -337,14 +337,14 @@ def _ensemble_candidates(pot: Potentials, k: int, exclude: torch.Tensor | None
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Best of the union of the trees' k-best lists, its mean score and Lemma 7's certificate; batch [B].
 
-    Candidates are ranked on the union graph (``ensemble_union``): O(B T k n) memory and work, not
-    O(B T^2 k n) as scoring every candidate on every tree. The winner and each tree's k-th best are then
-    scored tree by tree with the same arithmetic, so the certificate compares like with like."""
+    Candidates are ranked by ``_rank_scores`` (the union graph as one dense quadratic form: O(B T k n K)
+    memory); the winner and each tree's k-th best are then scored tree by tree with the same arithmetic,
+    so the certificate compares like with like."""
     tree_scores, ys = tree_kbest(pot, k, exclude)  # [B, T, k], [B, T, k, n]
     B, T, _, n = ys.shape
     cand = ys.reshape(B, T * k, n)
     padding = torch.isneginf(tree_scores.reshape(B, T * k))  # fewer than k assignments: no candidate
-    idx = ensemble_union(pot).score(cand.transpose(0, 1)).T.masked_fill(padding, _NEG).argmax(-1)  # [B]
+    idx = _rank_scores(ensemble_union(pot), cand).masked_fill(padding, _NEG).argmax(-1)  # [B]
     y = cand.gather(1, idx[:, None, None].expand(B, 1, n)).squeeze(1)
     best = _own_tree_scores(pot, y[:, None].expand(B, T, n)).mean(-1)
     best = best.masked_fill(padding.gather(1, idx[:, None])[:, 0], _NEG)
@@ -356,6 +356,28 @@ def _ensemble_candidates(pot: Potentials, k: int, exclude: torch.Tensor | None
         other[:, 0] = (other[:, 0] + 1) % pot.num_states
         y = torch.where(((y == exclude).all(-1) & torch.isneginf(best))[:, None], other, y)
     return y, best, best >= bound
+
+
+def _rank_scores(union: Potentials, cand: torch.Tensor) -> torch.Tensor:
+    """Scores [B, C] of candidates cand [B, C, n] under batch-[B] potentials on a single graph, as quadratic
+    forms of their one-hot codes o [B, C, n K]: <o, u> + <o, W o> with W [B, n K, n K] the edge tables in
+    their (i, j) blocks; -inf entries count through a second form (a candidate that hits one scores -inf).
+    Memory O(B C n K + B (n K)^2), whatever the number of edges."""
+    u, p = union.expanded()  # [B, n, K], [B, U, K, K]
+    B, n, K = u.shape
+    e = union.graph.edges.to(cand.device)
+    rows = (e[:, 0, None, None] * K + torch.arange(K, device=cand.device)[:, None]).expand(-1, K, K)
+    cols = (e[:, 1, None, None] * K + torch.arange(K, device=cand.device)[None, :]).expand(-1, K, K)
+    flat = (rows * (n * K) + cols).reshape(-1)  # [U K K] positions in W
+    o = torch.nn.functional.one_hot(cand, K).to(u.dtype).flatten(-2)  # [B, C, n K]
+
+    def form(pair: torch.Tensor, unary: torch.Tensor) -> torch.Tensor:  # <o, unary> + <o, W o>
+        W = pair.new_zeros(B, (n * K) ** 2).index_add_(1, flat, pair.reshape(B, len(flat))).view(B, n * K, n * K)
+        return ((o @ W) * o).sum(-1) + (o @ unary.reshape(B, n * K, 1)).squeeze(-1)
+
+    score = form(p.nan_to_num(neginf=0.0), u.nan_to_num(neginf=0.0))
+    hits = form(torch.isneginf(p).to(u.dtype), torch.isneginf(u).to(u.dtype))
+    return score.masked_fill(hits > 0, _NEG)
 
 
 def _own_tree_scores(pot: Potentials, y: torch.Tensor) -> torch.Tensor:
