@@ -17,7 +17,7 @@ from structtorch.data import SyntheticDataModule
 from structtorch.energies import FinleyJoachimsEnergy
 from structtorch.inference import tree_map
 from structtorch.learners import CRANK, LEARNERS, MST, Greedy, Project
-from structtorch.learners.baselines import forest_objectives
+from structtorch.learners.baselines import forest_objectives, train_forests
 from structtorch.solvers import BatchedFISTA, ForestSmoothedMax, SmoothedLBFGS, tree_smoothed_max
 from structtorch.structure import circuit_rank, max_spanning_tree
 from structtorch.train import run
@@ -253,6 +253,27 @@ def test_forest_objectives_equal_separate_certified_training():
         energy = FinleyJoachimsEnergy(3, 5, Graph.from_mask(forests[m], Graph.complete(5))).to(F64)
         alone = SmoothedLBFGS(energy, x, y, 0.1, tol=1e-4).fit().primal
         assert abs(float(batched[m]) - float(alone)) <= 2e-4 * float(alone)
+
+
+def test_train_forests_warm_started_from_a_subforest_reach_the_same_optimum():
+    """Forests grown from the empty one, started from its optimum (weights and temperature), are certified at
+    the objectives of their cold, separate training."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(60, 3, generator=gen, dtype=F64)
+    y = (torch.rand(60, 5, generator=gen) < 0.4).long()
+    forests = _forests(Graph.complete(5).num_edges)
+    empty = train_forests(x, y, forests[:1], 0.1, tol=1e-4)
+    warm = train_forests(x, y, forests[1:], 0.1, tol=1e-4, start=(empty, 0))
+    assert bool(warm.last.converged.all())
+    assert torch.allclose(warm.last.primal, forest_objectives(x, y, forests[1:], 0.1, tol=1e-4), rtol=2e-4)
+    assert torch.equal(warm.energy.edge_weight[:, ~forests[1:].any(0)], torch.zeros(3, int((~forests[1:].any(0)).sum()),
+                                                                                      dtype=F64))
+
+
+def test_greedy_bad_search_iters(small):
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="search_iters"):
+            Greedy(small.num_features, small.num_labels, search_iters=bad)
 
 
 @pytest.mark.parametrize("kind", [Greedy, MST])
