@@ -47,6 +47,13 @@ class FixedTreeConfig(ModelConfig):
 
 
 @dataclass
+class GreedyConfig(ModelConfig):
+    """Greedy: candidates of a step ranked after ``search_iters`` L-BFGS iterations from the current forest."""
+
+    search_iters: int = 50
+
+
+@dataclass
 class FullConfig(ModelConfig):
     """Full: complete graph, smoothed-LP hinge; test_inference "smoothed_lp" or "lp_map"."""
 
@@ -209,6 +216,7 @@ def register_configs() -> None:
     cs.store(name="config_schema", node=Config)
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="model", name="fixed_tree_schema", node=FixedTreeConfig)
+    cs.store(group="model", name="greedy_schema", node=GreedyConfig)
     cs.store(group="model", name="full_schema", node=FullConfig)
     cs.store(group="model", name="crank_schema", node=CRANKConfig)
     cs.store(group="model", name="tree_crf_schema", node=TreeCRFConfig)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
 import numpy as np
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from lightning.pytorch.callbacks import ModelCheckpoint
 from sklearn.linear_model import Lasso
 
 from structtorch import Graph, Potentials
@@ -13,15 +17,18 @@ from structtorch.data import SyntheticDataModule
 from structtorch.energies import FinleyJoachimsEnergy
 from structtorch.inference import tree_map
 from structtorch.learners import CRANK, LEARNERS, MST, Greedy, Project
-from structtorch.learners.baselines import forest_objectives
+from structtorch.learners.baselines import forest_objectives, train_forests
 from structtorch.solvers import BatchedFISTA, ForestSmoothedMax, SmoothedLBFGS, tree_smoothed_max
 from structtorch.structure import circuit_rank, max_spanning_tree
+from structtorch.train import run
 
 pytestmark = [pytest.mark.usefixtures("quiet_single_thread"),
               pytest.mark.filterwarnings("ignore:.*does not have many workers"),
               pytest.mark.filterwarnings("ignore:.*LeafSpec"),
+              pytest.mark.filterwarnings("ignore:The dirpath has changed"),
               pytest.mark.filterwarnings("ignore:.*self.trainer. reference is not registered")]
 F64 = torch.float64
+REPO = Path(__file__).resolve().parents[1]
 
 
 # ---------------------------------------------------------------------- FISTA
@@ -73,17 +80,39 @@ def small() -> SyntheticDataModule:
     return dm
 
 
+CRANK_KWARGS = {"l2": 0.01, "restarts": 3, "inner_iters": 60, "beta": 1e-4, "beta_growth": 4.0}
+
+
+def checkpointed(max_epochs: int, folder) -> L.Trainer:
+    """A trainer that writes last.ckpt into ``folder`` as ``structtorch.train`` does."""
+    return L.Trainer(accelerator="cpu", max_epochs=max_epochs, logger=False, enable_progress_bar=False,
+                     enable_model_summary=False, callbacks=[ModelCheckpoint(dirpath=folder, save_last=True)])
+
+
 @pytest.fixture(scope="module")
-def crank(small) -> tuple[CRANK, L.Trainer, list[dict]]:
+def crank(small, tmp_path_factory) -> tuple[CRANK, L.Trainer, list[dict]]:
     steps = []
-    model = CRANK(small.num_features, small.num_labels, l2=0.01, restarts=3, inner_iters=60, beta=1e-4,
-                  beta_growth=4.0)
+    model = CRANK(small.num_features, small.num_labels, **CRANK_KWARGS)
     original = model.cccp_step
     model.cccp_step = lambda: steps.append({**original(), "all": model.last_objective.clone()}) or steps[-1]
-    trainer = L.Trainer(accelerator="cpu", max_epochs=60, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False)
+    trainer = checkpointed(60, tmp_path_factory.mktemp("crank"))
     trainer.fit(model, datamodule=small)
     return model, trainer, steps
+
+
+def assert_loads_as_trained(model: CRANK, ckpt: str, x: torch.Tensor) -> None:
+    """The learner loaded from ``ckpt`` has the trained model's forest and weights and predicts like it,
+    by exact tree_map."""
+    loaded = type(model).load_from_checkpoint(ckpt, map_location="cpu").eval()
+    assert loaded.graph.is_forest and model.graph.is_forest
+    assert torch.equal(loaded.structure_mask, model.structure_mask)
+    assert torch.equal(loaded.graph.edges, model.graph.edges)
+    for p, q in zip(loaded.energy.parameters(), model.energy.parameters()):
+        assert torch.equal(p, q)
+    with torch.no_grad():
+        y_hat = loaded(x)
+        assert torch.equal(y_hat, tree_map(loaded.potentials(x))[1])
+        assert torch.equal(y_hat, model.eval()(x))
 
 
 def test_crank_ends_on_a_forest_and_predicts_exactly(crank, small):
@@ -95,6 +124,30 @@ def test_crank_ends_on_a_forest_and_predicts_exactly(crank, small):
     assert model.structure_summary()["is_forest"]
     # the chosen restart has the lowest final objective among the restarts whose support is a forest
     assert int(model.best) == int(model.last_objective.argmin())
+
+
+def test_crank_checkpoint_holds_the_learned_tree(crank, small):
+    """last.ckpt is written at the end of the last epoch: it already has the forest the model predicts on
+    (not the complete graph with zeros off the tree, predicting by the smoothed LP)."""
+    model, trainer, _ = crank
+    assert_loads_as_trained(model, trainer.checkpoint_callback.last_model_path, small.test_tensors[0])
+
+
+def test_crank_stopped_when_its_support_became_a_forest_resumes(crank, small, tmp_path):
+    """A run that stops at max_epochs at the first CCCP iteration whose best support is a forest (not yet
+    converged) checkpoints that forest; resumed, it goes on from the complete graph and ends on a forest."""
+    _, _, steps = crank
+    first = next(i for i, s in enumerate(steps) if s["train/circuit_rank"] == 0) + 1
+    model = CRANK(small.num_features, small.num_labels, **CRANK_KWARGS)
+    stopped = checkpointed(first, tmp_path / "a")
+    stopped.fit(model, datamodule=small)
+    assert not model.done and model.outer_iterations == first
+    assert_loads_as_trained(model, stopped.checkpoint_callback.last_model_path, small.test_tensors[0])
+    again = CRANK(small.num_features, small.num_labels, **CRANK_KWARGS)
+    resumed = checkpointed(60, tmp_path / "b")
+    resumed.fit(again, datamodule=small, ckpt_path=stopped.checkpoint_callback.last_model_path)
+    assert again.done and again.outer_iterations > first
+    assert_loads_as_trained(again, resumed.checkpoint_callback.last_model_path, small.test_tensors[0])
 
 
 def test_crank_objective_decreases_within_each_beta(crank):
@@ -202,6 +255,27 @@ def test_forest_objectives_equal_separate_certified_training():
         assert abs(float(batched[m]) - float(alone)) <= 2e-4 * float(alone)
 
 
+def test_train_forests_warm_started_from_a_subforest_reach_the_same_optimum():
+    """Forests grown from the empty one, started from its optimum (weights and temperature), are certified at
+    the objectives of their cold, separate training."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(60, 3, generator=gen, dtype=F64)
+    y = (torch.rand(60, 5, generator=gen) < 0.4).long()
+    forests = _forests(Graph.complete(5).num_edges)
+    empty = train_forests(x, y, forests[:1], 0.1, tol=1e-4)
+    warm = train_forests(x, y, forests[1:], 0.1, tol=1e-4, start=(empty, 0))
+    assert bool(warm.last.converged.all())
+    assert torch.allclose(warm.last.primal, forest_objectives(x, y, forests[1:], 0.1, tol=1e-4), rtol=2e-4)
+    assert torch.equal(warm.energy.edge_weight[:, ~forests[1:].any(0)], torch.zeros(3, int((~forests[1:].any(0)).sum()),
+                                                                                      dtype=F64))
+
+
+def test_greedy_bad_search_iters(small):
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="search_iters"):
+            Greedy(small.num_features, small.num_labels, search_iters=bad)
+
+
 @pytest.mark.parametrize("kind", [Greedy, MST])
 def test_structure_search_baselines(kind, small):
     model = kind(small.num_features, small.num_labels, l2=0.01)
@@ -218,19 +292,40 @@ def test_structure_search_baselines(kind, small):
     assert metrics["test/hamming_acc"] >= 0.95 and metrics["test/subset_acc"] >= 0.5
 
 
-def test_project_is_the_tree_projection_of_full(small):
+def test_project_is_the_tree_projection_of_full(small, tmp_path):
     """Project trains Full to its certificate, then one CCCP iteration with a large beta keeps the maximum
-    spanning tree of |w_full| (footnote 7)."""
+    spanning tree of |w_full| (footnote 7); its last.ckpt predicts on that tree."""
     model = Project(small.num_features, small.num_labels, l2=0.01, inner_iters=60)
     seen = {}
     original = model.cccp_step
     model.cccp_step = lambda: (seen.setdefault("w_full", model.restart_energy.edge_weight.detach()[0].clone()),
                                original())[1]
-    trainer = L.Trainer(accelerator="cpu", max_epochs=20, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False)
+    trainer = checkpointed(20, tmp_path)
     trainer.fit(model, datamodule=small)
     assert model.full_certificate["converged"] == [True] and model.done
     projection = max_spanning_tree(seen["w_full"].abs(), model.restart_energy.graph)
     assert torch.equal(model.structure_mask, projection)
+    assert_loads_as_trained(model, trainer.checkpoint_callback.last_model_path, small.test_tensors[0])
     metrics = trainer.test(model, datamodule=small, verbose=False)[0]
     assert metrics["test/hamming_acc"] >= 0.95
+
+
+@pytest.mark.parametrize("name", ["crank", "project"])
+def test_train_cli_run_resumed_predicts_on_the_learned_tree(name, tmp_path):
+    """``structtorch.train`` (checkpoint saved after validation) then ``resume=<run dir>``: the finished
+    run's last.ckpt loads with its forest, and the resumed run tests exactly like the first."""
+    overrides = [f"model={name}", "data.num_train=300", "data.num_test=300", "data.num_labels=6", "logger=none",
+                 "model.l2=0.01", "model.inner_iters=40", "trainer.max_epochs=60", "trainer.enable_progress_bar=false"]
+    if name == "crank":
+        overrides += ["model.restarts=2", "model.beta=1e-4", "model.beta_growth=4.0"]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        first_cfg = compose("config", overrides=overrides)
+        resumed_cfg = compose("config", overrides=[*overrides, f"resume={tmp_path / 'first'}"])
+    first = run(first_cfg, tmp_path / "first")
+    assert first["structure"]["is_forest"] and first["solver"]["converged"]
+    loaded = LEARNERS[name].load_from_checkpoint(tmp_path / "first" / "checkpoints" / "last.ckpt")
+    assert loaded.graph.is_forest and loaded.graph.num_edges == first["structure"]["num_edges"]
+    resumed = run(resumed_cfg, tmp_path / "resumed")
+    assert resumed["structure"] == first["structure"]
+    assert {k: v for k, v in resumed.items() if k.startswith("test/")} == {
+        k: v for k, v in first.items() if k.startswith("test/")}

@@ -381,10 +381,16 @@ class StructuredLearner(L.LightningModule):
 
     def set_structure(self, mask: torch.Tensor) -> None:
         """Restrict the energy to the edges where ``mask`` [E] (bool, over the candidate graph) is True and
-        keep the mask (checkpointed). Call before the optimizer exists."""
+        keep the mask (checkpointed). Call before the optimizer exists, or (a learner whose certified solver
+        trains other parameters, e.g. CRANK) where the optimizer steps nothing."""
         mask = torch.as_tensor(mask, dtype=torch.bool).detach().cpu()
         self.energy.restrict(mask)
         self.structure_mask = mask.to(self.structure_mask.device)
+
+    def reset_structure(self) -> None:
+        """Back to the candidate graph: a new energy from ``build_energy()`` (fresh weights), no mask."""
+        self.energy = self.build_energy().to(self.device)
+        self.structure_mask = torch.zeros(0, dtype=torch.bool, device=self.structure_mask.device)
 
     def structure_weights(self) -> torch.Tensor | None:
         """Weight per edge of ``self.graph`` [E] shown in structure pictures (the energy's pairwise weights)."""
@@ -435,13 +441,13 @@ class StructuredLearner(L.LightningModule):
         certified solver's state for the fit start."""
         self._solver_state = checkpoint.get("structtorch", {}).get("solver")
         saved = checkpoint.get("state_dict", {}).get("structure_mask")
-        if saved is None or not saved.numel():
+        saved = torch.zeros(0, dtype=torch.bool) if saved is None else saved.cpu()
+        if torch.equal(saved, self.structure_mask.cpu()):
             return
-        if self.structure_mask.numel():
-            if torch.equal(saved.cpu(), self.structure_mask.cpu()):
-                return
-            self.energy = self.build_energy().to(self.device)  # a structure from data was set: start over
-        self.set_structure(saved)
+        if self.structure_mask.numel():  # another structure was set: start over from the candidate graph
+            self.reset_structure()
+        if saved.numel():
+            self.set_structure(saved)
 
     # ------------------------------------------------------------------ prediction
     def forward(self, x: torch.Tensor) -> torch.Tensor:

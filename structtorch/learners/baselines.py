@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..energies import FinleyJoachimsEnergy
@@ -16,7 +18,9 @@ from ..structure import circuit_rank, max_spanning_tree
 from ..structure.edge_scores import chow_liu_tree
 from .base import StructuredLearner
 
-__all__ = ["Independent", "FixedTree", "Full", "Greedy", "MST", "edge_mask", "forest_objectives"]
+log = logging.getLogger(__name__)
+
+__all__ = ["Independent", "FixedTree", "Full", "Greedy", "MST", "edge_mask", "forest_objectives", "train_forests"]
 
 
 class Independent(StructuredLearner):
@@ -78,21 +82,45 @@ def edge_mask(sub: Graph, candidate: Graph) -> torch.Tensor:
     return torch.isin(key(candidate.edges), key(sub.edges.reshape(-1, 2)))
 
 
-def forest_objectives(x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor, lam: float, bias_reg: float = 1e-4,
-                      tol: float = 1e-3, margin_scale: float = 1.0) -> torch.Tensor:
-    """The certified optimum of the M3N objective on each of M forests, all trained as one batched model.
+def train_forests(x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor, lam: float, bias_reg: float = 1e-4,
+                  tol: float = 1e-3, margin_scale: float = 1.0, start: tuple[SmoothedLBFGS, int] | None = None,
+                  iterations: int | None = None) -> SmoothedLBFGS:
+    """M3N on each of M forests, all trained as one batched model to a relative duality gap <= tol.
 
     x [N, D], y [N, n] long; forests: bool [M, E] over ``Graph.complete(n)``'s edges, each row a forest.
-    Returns the primal objective [M] (float64) at a relative duality gap <= tol (exact tree inference per
-    model: ``ForestSmoothedMax``)."""
+    start: (solver, m) of an earlier call: every model starts from its model m (weights, zero on the edges
+    outside m's forest, and temperature), e.g. a forest grown by one edge starts from the forest's
+    optimum. iterations: instead of certifying at tol, that many L-BFGS iterations at the starting
+    temperature, then one certificate. Returns the solver (``.last``: the certificate [M], ``.energy``: the
+    weights; exact tree inference per model: ``ForestSmoothedMax``)."""
     n = y.shape[1]
     graph = Graph.complete(n)
     energy = FinleyJoachimsEnergy(x.shape[1], n, graph, num_models=forests.shape[0]).to(torch.float64)
     energy.edge_mask.copy_(forests)
+    if start is not None:
+        old, m = start
+        with torch.no_grad():
+            for p, q in zip(energy.parameters(), old.energy.parameters()):
+                p.copy_(q[m].expand_as(p))
+            energy.edge_weight.mul_(old.energy.edge_mask[m])
     smax = ForestSmoothedMax(forests, graph)
     solver = SmoothedLBFGS(energy, x, y, lam, smoothed_max=smax, exact_max=smax.exact, margin_scale=margin_scale,
                            bias_reg=bias_reg, tol=tol)
-    return solver.fit().primal
+    if start is not None:
+        solver.eps = start[0].eps[start[1]].expand_as(solver.eps).clone()
+    if iterations is None:
+        solver.fit()
+    else:
+        solver.run(iterations)
+        solver.certify()
+    return solver
+
+
+def forest_objectives(x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor, lam: float, bias_reg: float = 1e-4,
+                      tol: float = 1e-3, margin_scale: float = 1.0) -> torch.Tensor:
+    """The certified optimum of the M3N objective on each of M forests (``train_forests`` from w = 0): the
+    primal objective [M] (float64) at a relative duality gap <= tol."""
+    return train_forests(x, y, forests, lam, bias_reg, tol, margin_scale).last.primal
 
 
 class _StructureSearch(FixedTree):
@@ -105,9 +133,11 @@ class _StructureSearch(FixedTree):
                              f"forests as the batched models)")
         self.search_log: list[dict] = []
 
-    def _objectives(self, x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor) -> torch.Tensor:
+    def _train(self, x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor,
+               start: tuple[SmoothedLBFGS, int] | None = None, iterations: int | None = None) -> SmoothedLBFGS:
         hp = self.hparams
-        return forest_objectives(x.to(torch.float64), y, forests, self.l2_grid[0], hp.bias_reg, hp.tol, hp.margin_scale)
+        return train_forests(x.to(torch.float64), y, forests, self.l2_grid[0], hp.bias_reg, hp.tol, hp.margin_scale,
+                             start, iterations)
 
     def structure_summary(self) -> dict:
         """The learned tree and the search that found it (objectives per step / per edge)."""
@@ -116,41 +146,60 @@ class _StructureSearch(FixedTree):
 
 class MST(_StructureSearch):
     """CRANK's MST baseline: the objective gain of each edge alone over the empty model (every edge one model of
-    a batch), the maximum spanning tree of those gains, then M3N on that tree."""
+    a batch, started from the empty model's optimum), the maximum spanning tree of those gains, then M3N on
+    that tree."""
 
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         graph = self.energy.graph
-        E = graph.num_edges
-        forests = torch.cat([torch.zeros(1, E, dtype=torch.bool), torch.eye(E, dtype=torch.bool)])
-        objective = self._objectives(x, y, forests)
-        gains = objective[0] - objective[1:]
-        self.search_log = [{"empty": float(objective[0]), "gains": gains.tolist()}]
+        empty = self._train(x, y, torch.zeros(1, graph.num_edges, dtype=torch.bool))
+        objective = self._train(x, y, torch.eye(graph.num_edges, dtype=torch.bool), start=(empty, 0)).last.primal
+        gains = float(empty.last.primal[0]) - objective
+        self.search_log = [{"empty": float(empty.last.primal[0]), "gains": gains.tolist()}]
         return max_spanning_tree(gains, graph).cpu()
 
 
 class Greedy(_StructureSearch):
     """CRANK's Greedy baseline: from the empty model, add the edge whose addition lowers the (certified)
     training objective most while keeping a forest, until no edge lowers it or the tree spans all labels.
-    Every candidate edge of a step is one model of a batch."""
+
+    Each step trains every candidate (the current forest plus one edge) as one model of a batch, all started
+    from the current forest's certified optimum (the new edge at 0, so each starts at the current objective)
+    for ``search_iters`` L-BFGS iterations, and ranks them by their objective; the best one is trained on to
+    its certificate (the next step's start) and added if its certified objective is below the current one.
+
+    Args:
+        search_iters: L-BFGS iterations per candidate of a step (from the common start).
+        Other args as ``FixedTree``.
+    """
+
+    def __init__(self, num_features: int, num_labels: int, search_iters: int = 50, **kwargs) -> None:
+        if isinstance(search_iters, bool) or not isinstance(search_iters, int) or search_iters < 1:
+            raise ValueError(f"Greedy: search_iters must be a positive int, got {search_iters!r}")
+        super().__init__(num_features, num_labels, **kwargs)
+        self.save_hyperparameters({"search_iters": search_iters})
 
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         graph = self.energy.graph
         forest = torch.zeros(graph.num_edges, dtype=torch.bool)
-        current = float(self._objectives(x, y, forest[None])[0])
-        self.search_log = [{"edges": 0, "objective": current}]
+        chosen = self._train(x, y, forest[None])
+        self.search_log = [{"edges": 0, "objective": float(chosen.last.primal[0])}]
         while True:
             grown = forest[None] | torch.eye(graph.num_edges, dtype=torch.bool)
             candidates = (~forest & (circuit_rank(grown, graph) == 0)).nonzero()[:, 0]  # edges that keep a forest
             if not len(candidates):
                 return forest
-            objective = self._objectives(x, y, grown[candidates])
-            best = int(objective.argmin())
-            if float(objective[best]) >= current:
+            ranked = self._train(x, y, grown[candidates], (chosen, 0), self.hparams.search_iters)
+            best = int(ranked.last.primal.argmin())
+            certified = self._train(x, y, grown[candidates[best]][None], (ranked, best))
+            if float(certified.last.primal[0]) >= float(chosen.last.primal[0]):
                 return forest
             forest[candidates[best]] = True
-            current = float(objective[best])
-            self.search_log.append({"edges": int(forest.sum()), "objective": current,
-                                    "added": self.energy.graph.edges[candidates[best]].tolist()})
+            chosen = certified
+            self.search_log.append({"edges": int(forest.sum()), "objective": float(chosen.last.primal[0]),
+                                    "added": graph.edges[candidates[best]].tolist(),
+                                    "ranked": float(ranked.last.primal[best])})
+            log.info("Greedy: added %s of %d candidates, objective %.6g", self.search_log[-1]["added"],
+                     len(candidates), self.search_log[-1]["objective"])
 
 
 class Full(StructuredLearner):

@@ -150,34 +150,35 @@ class CRANK(Full):
             else:
                 self.beta *= hp.beta_growth
                 self.last_objective.fill_(float("inf"))
-        self._copy_best(b)
+        self._predict_with(b, support[b] if bool(forest[b]) else None)
         stats = {"train/objective": float(h[b]), "train/beta": float(self.beta), "train/circuit_rank": float(rank[b]),
                  "train/nonzero_edges": float(support[b].sum()), "train/forests": float(forest.sum())}
         self.log_dict(stats, prog_bar=True, on_step=False, on_epoch=True)
         return stats
 
-    def _copy_best(self, b: int) -> None:
-        """Restart b's weights into the predicting energy (complete graph, single model)."""
+    def _predict_with(self, b: int, tree: torch.Tensor | None) -> None:
+        """Restart b predicts: its weights go into the predicting energy (one model), restricted to ``tree``
+        (bool [E], restart b's support when it is a forest: exact ``tree_map``), else on the complete graph.
+        Called in the training step, so each checkpoint (written at its epoch's end) holds that epoch's
+        predictor."""
+        if self.structure_mask.numel():  # restricted by an earlier iteration or by the checkpoint resumed
+            self.reset_structure()
         with torch.no_grad():
             for p, q in zip(self.energy.parameters(), self.restart_energy.parameters()):
                 p.copy_(q[b])
+        if tree is not None:
+            self.set_structure(tree)
 
     def on_train_epoch_end(self) -> None:
         if self.done:
             self.trainer.should_stop = True
 
     def on_train_end(self) -> None:
-        """Predict with the best restart on its support (a forest once CCCP has finished)."""
-        if not self.structure_mask.numel() and hasattr(self, "hinge"):
-            b = int(self.best)
-            self._copy_best(b)
-            support = self.restart_energy.edge_weight.detach()[b] != 0
-            if bool(circuit_rank(support, self.restart_energy.graph) == 0):
-                self.set_structure(support.cpu())
-            else:
-                rank_zero_warn(f"CRANK stopped at max_epochs={self.trainer.max_epochs} before its support was a "
-                               f"forest (beta={float(self.beta):g}); it predicts with the smoothed LP on "
-                               f"{int(support.sum())} edges. Raise trainer.max_epochs or model.beta.")
+        if not self.graph.is_forest:
+            rank_zero_warn(f"CRANK stopped at max_epochs={self.trainer.max_epochs} before its support was a "
+                           f"forest (beta={float(self.beta):g}); it predicts with the smoothed LP on "
+                           f"{int(self.energy.pairwise_weights().ne(0).sum())} edges. Raise trainer.max_epochs or "
+                           f"model.beta.")
         super().on_train_end()
 
     def solver_report(self) -> dict[str, Any]:

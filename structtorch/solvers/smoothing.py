@@ -76,9 +76,11 @@ class LPSmoothedMax:
 class ForestSmoothedMax:
     """Exact smoothed max for M models on one candidate graph, model m restricted to its own forest.
 
-    forests: bool [M, E] over ``graph``'s edges, each row a forest. Model m's forest is completed to a
-    spanning tree with zero-weight edges (which change no score), and the M trees are one ensemble graph,
-    so a single ``tree_logz`` call is exact for every model (``exact`` is the same with ``tree_map``).
+    forests: bool [M, E] over ``graph``'s edges, each row a forest. Model m's forest is padded to the
+    largest forest's size k (at least 1) with zero-weight edges of a spanning tree containing it (which
+    change no score and close no cycle), and the M forests of k edges are one ensemble graph, so a single
+    ``tree_logz`` call is exact for every model (``exact`` is the same with ``tree_map``) and costs k edges
+    per model, not n - 1.
     Potentials passed in are the candidate graph's [M, N] (an energy with ``num_models=M``); the weights
     of edges outside model m's forest get no gradient from the data term.
     """
@@ -94,8 +96,10 @@ class ForestSmoothedMax:
         if int(spanning.sum()) != M * (n - 1):
             raise ValueError("ForestSmoothedMax needs a connected candidate graph (e.g. Graph.complete(n))")
         self.graph = graph
-        self.index = spanning.nonzero()[:, 1].view(M, n - 1)  # [M, n-1] candidate edge ids
-        self.keep = forests.gather(1, self.index)  # [M, n-1]
+        k = max(1, int(forests.sum(1).max()))
+        order = (2 * forests.long() + spanning.long()).sort(dim=1, descending=True, stable=True).indices
+        self.index = order[:, :k]  # [M, k] candidate edge ids: the forest's, then spanning-tree padding
+        self.keep = forests.gather(1, self.index)  # [M, k]
         self.trees = Graph(n, graph.edges[self.index.cpu()]) if n > 1 else None
 
     def subset(self, models: torch.Tensor) -> ForestSmoothedMax:
@@ -211,8 +215,11 @@ class SmoothedLBFGS:
         return 0.5 * self.lam * self._per_model([p.pow(2) * r for p, r in zip(self.params, self._reg_weight)])
 
     def _score(self, U: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
-        """score(x_i, y_i) [M, N]."""
-        return (U * self.m_u).sum((-1, -2)) + (P * self.m_p).sum((-1, -2, -3))
+        """score(x_i, y_i) [M, N] of unary U [M, N, n, K] and pairwise P [M, N or 1, E, K, K] (shared by the
+        examples: one matmul, no [M, N, E, K, K] product)."""
+        pair, m_p = P.flatten(-3), self.m_p.flatten(-3)  # [M, N or 1, E K K], [N, E K K]
+        pair = pair[:, 0] @ m_p.T if pair.shape[1] == 1 else (pair * m_p).sum(-1)
+        return (U * self.m_u).sum((-1, -2)) + pair
 
     def _mean(self, per_example: torch.Tensor) -> torch.Tensor:
         """(1/N_m) sum_i mask_mi t_mi [M] of per-example terms [M, N]."""
