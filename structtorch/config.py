@@ -35,6 +35,7 @@ class ModelConfig:
     bias_reg: float = 1e-4
     solver_iters: int = 200
     margin_scale: float = 1.0
+    bcfw_averaging: bool = False  # solver=bcfw: certify (and predict with) the weighted average of the iterates
 
 
 @dataclass

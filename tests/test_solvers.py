@@ -147,6 +147,69 @@ def test_smoothed_oracle_on_loopy_graph_gives_valid_gap():
     assert float(info.gap) >= 0 and float(info.dual) == pytest.approx(duals[-1], abs=1e-9)
 
 
+def test_bcfw_averaging_certifies_the_average_against_libsvm():
+    """Averaging: the certified point (left in the energy) is the weighted average of the iterates; its gap
+    upper-bounds its distance to libsvm's optimum, and it agrees with the plain run's certified objective."""
+    x, y = mulan_subset("emotions", 80)
+    for lam in (0.1, 0.01):
+        W, b = svc_optimum(x, y, lam)
+        runs = {}
+        for averaging in (False, True):
+            energy = FinleyJoachimsEnergy(x.shape[1], y.shape[1]).double()
+            solver = BCFW(energy, 80, lam, tol=1e-3, averaging=averaging)
+            info = solver.fit(x, y, max_epochs=3000, generator=torch.Generator().manual_seed(0))
+            assert bool(info.converged) and 0 <= float(info.gap) <= 1e-3 * float(info.primal)
+            W_hat, b_hat = energy.unary.weight.detach(), energy.unary.bias.detach()
+            assert float(info.primal) == pytest.approx(float(independent_primal(x, y, W_hat, b_hat, lam, 1e-2)),
+                                                       rel=1e-9)
+            p_star_rho = independent_primal(x, y, W, b, lam, 1e-2)  # >= the rho-objective's optimum
+            assert float(info.dual) <= float(p_star_rho) + 1e-9
+            p_star = independent_primal(x, y, W, b, lam)
+            assert p_star * (1 - 1e-6) <= independent_primal(x, y, W_hat, b_hat, lam) <= p_star * 1.005
+            runs[averaging] = info
+        plain, avg = runs[False], runs[True]
+        assert float(avg.dual) <= float(plain.primal) + 1e-12 and float(plain.dual) <= float(avg.primal) + 1e-12
+
+
+def test_bcfw_averaged_state_is_its_own_dual_point_and_resumes():
+    """The averaged dual state rebuilds the averaged weights (so its block gaps sum to P(w_avg) - D(mu_avg),
+    at least the certified gap, which may use the iterate's dual); state_dict round-trips mid-run."""
+    x, y = chain_problem()
+    N, idx = len(x), torch.arange(len(x))
+
+    def solver_and_energy():
+        energy = FinleyJoachimsEnergy(6, 5, Graph.chain(5)).double()
+        return BCFW(energy, N, 0.5, averaging=True), energy
+
+    def epochs(solver, seed, count):
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(count):
+            for i in torch.randperm(N, generator=gen).split(16):
+                solver.step(x[i], y[i], i)
+
+    solver, energy = solver_and_energy()
+    epochs(solver, 0, 3)
+    state = {k: v.clone() for k, v in solver.state_dict().items()}
+    weights = [p.detach().clone() for p in energy.parameters()]
+    own = float(solver.block_gaps(x, y, idx).sum())
+    info = solver.duality_gap([(x, y, idx)])
+    assert 0 <= float(info.gap) <= own + 1e-12
+    assert float(solver.dual()) == pytest.approx(float(info.primal) - own, abs=1e-9)  # D(mu_avg), rebuilt
+    assert not torch.allclose(weights[0], state["iterate.0"])  # the energy holds the average, not the iterate
+    epochs(solver, 1, 2)
+    resumed, resumed_energy = solver_and_energy()
+    with torch.no_grad():
+        for p, w in zip(resumed_energy.parameters(), weights):
+            p.copy_(w)
+    resumed.load_state_dict(state)
+    epochs(resumed, 1, 2)
+    for a, b in zip(energy.parameters(), resumed_energy.parameters()):
+        assert torch.allclose(a, b, atol=1e-12)
+    assert torch.allclose(solver.avg_pair, resumed.avg_pair, atol=1e-12)
+    with pytest.raises(ValueError, match="avg_unary"):
+        resumed.load_state_dict({k: v for k, v in state.items() if k != "avg_unary"})
+
+
 def test_bcfw_bad_input():
     energy = FinleyJoachimsEnergy(3, 2).double()
     with pytest.raises(ValueError, match="lam"):
@@ -157,6 +220,8 @@ def test_bcfw_bad_input():
         BCFW(energy, 10, 0.1, mask=torch.ones(9, dtype=torch.bool))
     with pytest.raises(ValueError, match="steps"):
         BCFW(energy, 10, 0.1, steps="adam")
+    with pytest.raises(ValueError, match="averaging"):
+        BCFW(energy, 10, 0.1, averaging=1)
     solver = BCFW(energy, 10, 0.1)
     x, y = torch.randn(4, 3, dtype=torch.float64), torch.zeros(4, 2, dtype=torch.long)
     with pytest.raises(ValueError, match="index"):
