@@ -14,7 +14,7 @@ from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy
 from structtorch.graph import Graph
 from structtorch.inference import lp_map
 from structtorch.losses import crf_nll, hamming_augment
-from structtorch.solvers import BCFW, LPSmoothedMax, SmoothedLBFGS, lbfgs_solve, smoothed_oracle
+from structtorch.solvers import BCFW, BatchedLBFGS, LPSmoothedMax, SmoothedLBFGS, smoothed_oracle
 
 MULAN = "/work/shared/data/mulan"
 
@@ -236,7 +236,18 @@ def test_bcfw_bad_input():
         FinleyJoachimsEnergy(3, 2, num_models=0)
 
 
-def test_lbfgs_reaches_scipy_optimum_on_tree_crf():
+def lbfgs_until(opt: BatchedLBFGS, tol: float, max_iter: int = 500) -> torch.Tensor:
+    """Step each model until its gradient norm is <= tol times its initial one; returns converged [M]."""
+    g0 = opt.grad.norm(dim=1)
+    for _ in range(max_iter):
+        active = opt.grad.norm(dim=1) > tol * g0
+        if not bool(active.any()):
+            break
+        opt.step(active)
+    return opt.grad.norm(dim=1) <= tol * g0
+
+
+def test_batched_lbfgs_reaches_scipy_optimum_on_tree_crf():
     x, y = chain_problem()
     energy = FinleyJoachimsEnergy(6, 5, Graph.chain(5)).double()
     params = list(energy.parameters())
@@ -245,8 +256,8 @@ def test_lbfgs_reaches_scipy_optimum_on_tree_crf():
     def objective():
         return crf_nll(energy(x), y).mean() + lam / 2 * sum(p.pow(2).sum() for p in params)
 
-    info = lbfgs_solve(objective, params, tol=1e-7, max_iter=500)
-    assert bool(info.converged.all())
+    opt = BatchedLBFGS(params, objective)
+    assert bool(lbfgs_until(opt, 1e-7).all())
     shapes = [p.shape for p in params]
 
     def f(theta):
@@ -256,13 +267,13 @@ def test_lbfgs_reaches_scipy_optimum_on_tree_crf():
                 p.copy_(c.view(p.shape))
             return float(objective())
 
-    ours = float(info.objective)
+    ours = float(opt.value)
     ref = minimize(f, np.zeros(sum(s.numel() for s in shapes)), method="L-BFGS-B",
                    options={"maxiter": 5000, "ftol": 1e-15, "gtol": 1e-12}).fun
     assert abs(ours - ref) <= 1e-6 * abs(ref) and ours <= ref + 1e-12
 
 
-def test_lbfgs_per_model_stopping_and_bad_input():
+def test_batched_lbfgs_per_model_steps_and_bad_input():
     x, y = chain_problem()
     energy = FinleyJoachimsEnergy(6, 5, Graph.chain(5), num_models=2).double()
     lam = torch.tensor([0.5, 0.05], dtype=torch.float64)
@@ -272,15 +283,27 @@ def test_lbfgs_per_model_stopping_and_bad_input():
         sq = sum(p.pow(2).flatten(1).sum(1) for p in params)
         return crf_nll(energy(x), y).mean(-1) + lam / 2 * sq
 
-    info = lbfgs_solve(objective, params, tol=1e-6, num_models=2)
-    assert info.converged.shape == (2,) and bool(info.converged.all())
-    assert bool((info.grad_norm <= 1e-6 * info.initial_grad_norm).all())
+    opt = BatchedLBFGS(params, objective, num_models=2)
+    before = [p.detach()[0].clone() for p in params]
+    opt.step(torch.tensor([False, True]))  # model 0 does not move
+    assert all(torch.equal(p[0], b) for p, b in zip(params, before))
+    assert bool(lbfgs_until(opt, 1e-6).all())
+    for m in range(2):  # each model at its own optimum: scipy on model m alone
+        single = FinleyJoachimsEnergy(6, 5, Graph.chain(5)).double()
+        single_params = list(single.parameters())
+
+        def single_objective(m=m, single=single, single_params=single_params):
+            return crf_nll(single(x), y).mean() + float(lam[m]) / 2 * sum(p.pow(2).sum() for p in single_params)
+
+        ref = BatchedLBFGS(single_params, single_objective)
+        lbfgs_until(ref, 1e-8)
+        assert float(opt.value[m]) == pytest.approx(float(ref.value), rel=1e-9)
     with pytest.raises(ValueError, match="num_models"):
-        lbfgs_solve(objective, params, num_models=3)
-    with pytest.raises(ValueError, match="tol"):
-        lbfgs_solve(objective, params, tol=0.0)
+        BatchedLBFGS(params, objective, num_models=3)
+    with pytest.raises(ValueError, match="history_size"):
+        BatchedLBFGS(params, objective, num_models=2, history_size=0)
     with pytest.raises(TypeError, match="params"):
-        lbfgs_solve(objective, [])
+        BatchedLBFGS([], objective)
 
 
 # ---------------------------------------------------------------------- smoothed L-BFGS
