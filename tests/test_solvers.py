@@ -12,8 +12,9 @@ from sklearn.svm import SVC
 from structtorch.data import Standardizer, arff_to_multilabel, load_arff, read_mulan_labels
 from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy
 from structtorch.graph import Graph
-from structtorch.inference import lp_map
+from structtorch.inference import lp_map, smoothed_lp
 from structtorch.losses import crf_nll, hamming_augment
+from structtorch.potentials import Potentials
 from structtorch.solvers import BCFW, BatchedLBFGS, LPSmoothedMax, SmoothedLBFGS, smoothed_oracle
 
 MULAN = "/work/shared/data/mulan"
@@ -416,6 +417,27 @@ def test_smoothed_lbfgs_on_a_loopy_graph_certifies_the_lp_relaxed_objective():
         lp_hinge = lp_map(hamming_augment(pot, y)).value - pot.score(y)
         exact = primal_rho(energy, x, y, 0.1, 1e-4, lp_hinge)
     assert float(exact) <= float(info.primal) + 1e-9 and float(info.primal) <= float(exact) * (1 + 1e-3)
+
+
+def test_lp_smoothed_max_subset_warm_starts_its_rows():
+    """``subset(models)`` starts each model from its own rows of the last messages and writes them back (the
+    solver evaluates only the models still open, so the batch shape changes)."""
+    x, y = chain_problem()
+    energy = FinleyJoachimsEnergy(6, 5, Graph.complete(5), num_models=3).double()
+    with torch.no_grad():
+        for prm in energy.parameters():
+            prm.normal_(generator=torch.Generator().manual_seed(0))
+        pot = energy(x)
+    U, P = pot.unary, pot.pairwise.expand(3, *pot.pairwise.shape[1:])
+    eps = torch.tensor([[0.1], [0.05], [0.02]], dtype=torch.float64)
+    smax = LPSmoothedMax(iters=200, tol=1e-6)
+    smax(Potentials(U, P, pot.graph), eps)
+    start = smax.messages.clone()
+    rows = torch.tensor([True, False, True])
+    value = smax.subset(rows)(Potentials(U[rows] * 1.1, P[rows], pot.graph), eps[rows])
+    ref = smoothed_lp(Potentials(U[rows] * 1.1, P[rows], pot.graph), eps[rows], 200, messages=start[rows], tol=1e-6)
+    assert torch.equal(value, ref.value) and torch.equal(smax.messages[rows], ref.messages)
+    assert torch.equal(smax.messages[1], start[1])
 
 
 def test_smoothed_lbfgs_bad_input():
