@@ -36,6 +36,7 @@ class ModelConfig:
     solver_iters: int = 200
     margin: str = "hamming"  # hamming (M3N) | zero_one (margin against the worst violator; solver bcfw or adam)
     margin_scale: float = 1.0
+    bcfw_averaging: bool = False  # solver=bcfw: certify (and predict with) the weighted average of the iterates
 
 
 @dataclass

@@ -161,8 +161,9 @@ def test_crf_with_lbfgs_is_certified(dm):
     assert metrics["test/hamming_acc"] >= majority_hamming(dm.test_tensors[1]) + 0.10, metrics
 
 
-def test_bcfw_solver_through_the_trainer(dm):
-    model = learner("independent", dm, solver="bcfw", l2=1.0, tol=1e-2)
+@pytest.mark.parametrize("averaging", [False, True])
+def test_bcfw_solver_through_the_trainer(dm, averaging):
+    model = learner("independent", dm, solver="bcfw", l2=1.0, tol=1e-2, bcfw_averaging=averaging)
     trainer, metrics = fit_and_test(model, dm, epochs=300)
     assert trainer.current_epoch < 300 and trainer.global_step > 0
     report = model.solver_report()
@@ -323,6 +324,7 @@ def test_structured_learner_without_energy_raises_not_implemented():
     (dict(solver="Adam"), "solver"),
     (dict(train_inference="smoothed_lpp"), "train_inference"),
     (dict(test_inference="nope"), "test_inference"),
+    (dict(bcfw_averaging="yes"), "bcfw_averaging"),
 ])
 def test_bad_learner_arguments_raise_value_error(kwargs, match):
     with pytest.raises(ValueError, match=match):

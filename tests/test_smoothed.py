@@ -364,6 +364,23 @@ def test_per_problem_eps_equals_one_call_per_eps():
         assert torch.allclose(one.unary, u.grad[m]) and torch.allclose(one.pairwise, p.grad[m])
 
 
+def test_tol_stops_each_problem_on_its_own():
+    """With tol, a batch gives each problem what its own call gives (it stops after its own first sweep below
+    tol, not when the slowest problem of the batch does); the call returns after the slowest one's sweeps."""
+    rng = np.random.default_rng(11)
+    g = random_graph(6, 0.9, rng)
+    u = torch.as_tensor(rng.normal(size=(3, 6, 2)))
+    p = torch.as_tensor(rng.normal(size=(3, g.num_edges, 2, 2))) * torch.tensor([0.01, 3.0, 1.0], dtype=F64)[:, None,
+                                                                                                        None, None]
+    eps = torch.tensor([0.5, 0.01, 0.05], dtype=F64)  # easy, hard, in between
+    res = smoothed_lp(Potentials(u, p, g), eps=eps, iters=500, tol=1e-6)
+    alone = [smoothed_lp(Potentials(u[b], p[b], g), eps=float(eps[b]), iters=500, tol=1e-6) for b in range(3)]
+    assert len({one.iterations for one in alone}) == 3 and res.iterations == max(one.iterations for one in alone)
+    for b, one in enumerate(alone):
+        assert torch.allclose(one.messages, res.messages[b], atol=1e-12)
+        assert torch.allclose(one.value, res.value[b], atol=1e-12)
+
+
 # ---------------------------------------------------------------------- bad input
 def test_bad_inputs():
     g = Graph.complete(4)

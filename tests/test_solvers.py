@@ -12,9 +12,10 @@ from sklearn.svm import SVC
 from structtorch.data import Standardizer, arff_to_multilabel, load_arff, read_mulan_labels
 from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy
 from structtorch.graph import Graph
-from structtorch.inference import lp_map
+from structtorch.inference import lp_map, smoothed_lp
 from structtorch.losses import crf_nll, hamming_augment
-from structtorch.solvers import BCFW, LPSmoothedMax, SmoothedLBFGS, lbfgs_solve, smoothed_oracle
+from structtorch.potentials import Potentials
+from structtorch.solvers import BCFW, BatchedLBFGS, LPSmoothedMax, SmoothedLBFGS, smoothed_oracle
 
 MULAN = "/work/shared/data/mulan"
 
@@ -147,6 +148,69 @@ def test_smoothed_oracle_on_loopy_graph_gives_valid_gap():
     assert float(info.gap) >= 0 and float(info.dual) == pytest.approx(duals[-1], abs=1e-9)
 
 
+def test_bcfw_averaging_certifies_the_average_against_libsvm():
+    """Averaging: the certified point (left in the energy) is the weighted average of the iterates; its gap
+    upper-bounds its distance to libsvm's optimum, and it agrees with the plain run's certified objective."""
+    x, y = mulan_subset("emotions", 80)
+    for lam in (0.1, 0.01):
+        W, b = svc_optimum(x, y, lam)
+        runs = {}
+        for averaging in (False, True):
+            energy = FinleyJoachimsEnergy(x.shape[1], y.shape[1]).double()
+            solver = BCFW(energy, 80, lam, tol=1e-3, averaging=averaging)
+            info = solver.fit(x, y, max_epochs=3000, generator=torch.Generator().manual_seed(0))
+            assert bool(info.converged) and 0 <= float(info.gap) <= 1e-3 * float(info.primal)
+            W_hat, b_hat = energy.unary.weight.detach(), energy.unary.bias.detach()
+            assert float(info.primal) == pytest.approx(float(independent_primal(x, y, W_hat, b_hat, lam, 1e-2)),
+                                                       rel=1e-9)
+            p_star_rho = independent_primal(x, y, W, b, lam, 1e-2)  # >= the rho-objective's optimum
+            assert float(info.dual) <= float(p_star_rho) + 1e-9
+            p_star = independent_primal(x, y, W, b, lam)
+            assert p_star * (1 - 1e-6) <= independent_primal(x, y, W_hat, b_hat, lam) <= p_star * 1.005
+            runs[averaging] = info
+        plain, avg = runs[False], runs[True]
+        assert float(avg.dual) <= float(plain.primal) + 1e-12 and float(plain.dual) <= float(avg.primal) + 1e-12
+
+
+def test_bcfw_averaged_state_is_its_own_dual_point_and_resumes():
+    """The averaged dual state rebuilds the averaged weights (so its block gaps sum to P(w_avg) - D(mu_avg),
+    at least the certified gap, which may use the iterate's dual); state_dict round-trips mid-run."""
+    x, y = chain_problem()
+    N, idx = len(x), torch.arange(len(x))
+
+    def solver_and_energy():
+        energy = FinleyJoachimsEnergy(6, 5, Graph.chain(5)).double()
+        return BCFW(energy, N, 0.5, averaging=True), energy
+
+    def epochs(solver, seed, count):
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(count):
+            for i in torch.randperm(N, generator=gen).split(16):
+                solver.step(x[i], y[i], i)
+
+    solver, energy = solver_and_energy()
+    epochs(solver, 0, 3)
+    state = {k: v.clone() for k, v in solver.state_dict().items()}
+    weights = [p.detach().clone() for p in energy.parameters()]
+    own = float(solver.block_gaps(x, y, idx).sum())
+    info = solver.duality_gap([(x, y, idx)])
+    assert 0 <= float(info.gap) <= own + 1e-12
+    assert float(solver.dual()) == pytest.approx(float(info.primal) - own, abs=1e-9)  # D(mu_avg), rebuilt
+    assert not torch.allclose(weights[0], state["iterate.0"])  # the energy holds the average, not the iterate
+    epochs(solver, 1, 2)
+    resumed, resumed_energy = solver_and_energy()
+    with torch.no_grad():
+        for p, w in zip(resumed_energy.parameters(), weights):
+            p.copy_(w)
+    resumed.load_state_dict(state)
+    epochs(resumed, 1, 2)
+    for a, b in zip(energy.parameters(), resumed_energy.parameters()):
+        assert torch.allclose(a, b, atol=1e-12)
+    assert torch.allclose(solver.avg_pair, resumed.avg_pair, atol=1e-12)
+    with pytest.raises(ValueError, match="avg_unary"):
+        resumed.load_state_dict({k: v for k, v in state.items() if k != "avg_unary"})
+
+
 def test_bcfw_bad_input():
     energy = FinleyJoachimsEnergy(3, 2).double()
     with pytest.raises(ValueError, match="lam"):
@@ -157,6 +221,8 @@ def test_bcfw_bad_input():
         BCFW(energy, 10, 0.1, mask=torch.ones(9, dtype=torch.bool))
     with pytest.raises(ValueError, match="steps"):
         BCFW(energy, 10, 0.1, steps="adam")
+    with pytest.raises(ValueError, match="averaging"):
+        BCFW(energy, 10, 0.1, averaging=1)
     solver = BCFW(energy, 10, 0.1)
     x, y = torch.randn(4, 3, dtype=torch.float64), torch.zeros(4, 2, dtype=torch.long)
     with pytest.raises(ValueError, match="index"):
@@ -171,7 +237,18 @@ def test_bcfw_bad_input():
         FinleyJoachimsEnergy(3, 2, num_models=0)
 
 
-def test_lbfgs_reaches_scipy_optimum_on_tree_crf():
+def lbfgs_until(opt: BatchedLBFGS, tol: float, max_iter: int = 500) -> torch.Tensor:
+    """Step each model until its gradient norm is <= tol times its initial one; returns converged [M]."""
+    g0 = opt.grad.norm(dim=1)
+    for _ in range(max_iter):
+        active = opt.grad.norm(dim=1) > tol * g0
+        if not bool(active.any()):
+            break
+        opt.step(active)
+    return opt.grad.norm(dim=1) <= tol * g0
+
+
+def test_batched_lbfgs_reaches_scipy_optimum_on_tree_crf():
     x, y = chain_problem()
     energy = FinleyJoachimsEnergy(6, 5, Graph.chain(5)).double()
     params = list(energy.parameters())
@@ -180,8 +257,8 @@ def test_lbfgs_reaches_scipy_optimum_on_tree_crf():
     def objective():
         return crf_nll(energy(x), y).mean() + lam / 2 * sum(p.pow(2).sum() for p in params)
 
-    info = lbfgs_solve(objective, params, tol=1e-7, max_iter=500)
-    assert bool(info.converged.all())
+    opt = BatchedLBFGS(params, objective)
+    assert bool(lbfgs_until(opt, 1e-7).all())
     shapes = [p.shape for p in params]
 
     def f(theta):
@@ -191,13 +268,13 @@ def test_lbfgs_reaches_scipy_optimum_on_tree_crf():
                 p.copy_(c.view(p.shape))
             return float(objective())
 
-    ours = float(info.objective)
+    ours = float(opt.value)
     ref = minimize(f, np.zeros(sum(s.numel() for s in shapes)), method="L-BFGS-B",
                    options={"maxiter": 5000, "ftol": 1e-15, "gtol": 1e-12}).fun
     assert abs(ours - ref) <= 1e-6 * abs(ref) and ours <= ref + 1e-12
 
 
-def test_lbfgs_per_model_stopping_and_bad_input():
+def test_batched_lbfgs_per_model_steps_and_bad_input():
     x, y = chain_problem()
     energy = FinleyJoachimsEnergy(6, 5, Graph.chain(5), num_models=2).double()
     lam = torch.tensor([0.5, 0.05], dtype=torch.float64)
@@ -207,15 +284,27 @@ def test_lbfgs_per_model_stopping_and_bad_input():
         sq = sum(p.pow(2).flatten(1).sum(1) for p in params)
         return crf_nll(energy(x), y).mean(-1) + lam / 2 * sq
 
-    info = lbfgs_solve(objective, params, tol=1e-6, num_models=2)
-    assert info.converged.shape == (2,) and bool(info.converged.all())
-    assert bool((info.grad_norm <= 1e-6 * info.initial_grad_norm).all())
+    opt = BatchedLBFGS(params, objective, num_models=2)
+    before = [p.detach()[0].clone() for p in params]
+    opt.step(torch.tensor([False, True]))  # model 0 does not move
+    assert all(torch.equal(p[0], b) for p, b in zip(params, before))
+    assert bool(lbfgs_until(opt, 1e-6).all())
+    for m in range(2):  # each model at its own optimum: scipy on model m alone
+        single = FinleyJoachimsEnergy(6, 5, Graph.chain(5)).double()
+        single_params = list(single.parameters())
+
+        def single_objective(m=m, single=single, single_params=single_params):
+            return crf_nll(single(x), y).mean() + float(lam[m]) / 2 * sum(p.pow(2).sum() for p in single_params)
+
+        ref = BatchedLBFGS(single_params, single_objective)
+        lbfgs_until(ref, 1e-8)
+        assert float(opt.value[m]) == pytest.approx(float(ref.value), rel=1e-9)
     with pytest.raises(ValueError, match="num_models"):
-        lbfgs_solve(objective, params, num_models=3)
-    with pytest.raises(ValueError, match="tol"):
-        lbfgs_solve(objective, params, tol=0.0)
+        BatchedLBFGS(params, objective, num_models=3)
+    with pytest.raises(ValueError, match="history_size"):
+        BatchedLBFGS(params, objective, num_models=2, history_size=0)
     with pytest.raises(TypeError, match="params"):
-        lbfgs_solve(objective, [])
+        BatchedLBFGS([], objective)
 
 
 # ---------------------------------------------------------------------- smoothed L-BFGS
@@ -328,6 +417,27 @@ def test_smoothed_lbfgs_on_a_loopy_graph_certifies_the_lp_relaxed_objective():
         lp_hinge = lp_map(hamming_augment(pot, y)).value - pot.score(y)
         exact = primal_rho(energy, x, y, 0.1, 1e-4, lp_hinge)
     assert float(exact) <= float(info.primal) + 1e-9 and float(info.primal) <= float(exact) * (1 + 1e-3)
+
+
+def test_lp_smoothed_max_subset_warm_starts_its_rows():
+    """``subset(models)`` starts each model from its own rows of the last messages and writes them back (the
+    solver evaluates only the models still open, so the batch shape changes)."""
+    x, y = chain_problem()
+    energy = FinleyJoachimsEnergy(6, 5, Graph.complete(5), num_models=3).double()
+    with torch.no_grad():
+        for prm in energy.parameters():
+            prm.normal_(generator=torch.Generator().manual_seed(0))
+        pot = energy(x)
+    U, P = pot.unary, pot.pairwise.expand(3, *pot.pairwise.shape[1:])
+    eps = torch.tensor([[0.1], [0.05], [0.02]], dtype=torch.float64)
+    smax = LPSmoothedMax(iters=200, tol=1e-6)
+    smax(Potentials(U, P, pot.graph), eps)
+    start = smax.messages.clone()
+    rows = torch.tensor([True, False, True])
+    value = smax.subset(rows)(Potentials(U[rows] * 1.1, P[rows], pot.graph), eps[rows])
+    ref = smoothed_lp(Potentials(U[rows] * 1.1, P[rows], pot.graph), eps[rows], 200, messages=start[rows], tol=1e-6)
+    assert torch.equal(value, ref.value) and torch.equal(smax.messages[rows], ref.messages)
+    assert torch.equal(smax.messages[1], start[1])
 
 
 def test_smoothed_lbfgs_bad_input():

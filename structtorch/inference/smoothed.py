@@ -263,23 +263,48 @@ def _sweep(lamT: torch.Tensor, blocks: list, guard: bool) -> None:
         lamT[c.start:c.stop] = new
 
 
+def _blocks(uT: torch.Tensor, ph: torch.Tensor, sched: StarSchedule) -> list:
+    """Per colour: (colour, its half-edge potentials [H, K, K, B], its nodes' unaries [V, K, B], 1 / star size)."""
+    return [(c, ph[c.start:c.stop], uT.index_select(0, c.nodes), c.inv_size.to(uT.dtype).view(-1, 1, 1))
+            for c in sched.colours]
+
+
 def _solve(uT: torch.Tensor, pT: torch.Tensor, lamT: torch.Tensor, sched: StarSchedule, iters: int,
            tol: float | None, guard: bool) -> int:
-    """Run up to ``iters`` sweeps in place on lamT (scaled units); returns the sweeps run."""
+    """Run up to ``iters`` sweeps in place on lamT (scaled units); returns the sweeps run.
+
+    With ``tol``, each problem (column b) stops after its first sweep whose dual decrease is below tol:
+    the problems still open are compacted into working copies whenever at most 3/4 of the working
+    columns remain open (a closed problem left in them sweeps on, which only lowers its dual further).
+    """
     E, K, _, B = pT.shape
     # half-edge slot h: P[h, x_other, x_self, b] (reduced over dim 1)
     ph = torch.stack([pT.transpose(1, 2), pT], 1).view(2 * E, K, K, B).index_select(0, sched.order)
-    blocks = [(c, ph[c.start:c.stop], uT.index_select(0, c.nodes), c.inv_size.to(uT.dtype).view(-1, 1, 1))
-              for c in sched.colours]
-    prev = _dual(uT, pT, lamT, sched) if tol is not None else None
+    blocks = _blocks(uT, ph, sched)
+    if tol is None:
+        for _ in range(iters):
+            _sweep(lamT, blocks, guard)
+        return iters
+    cols = None  # the columns of lamT in the working copies (None: all, lamT itself)
+    u, p, lam = uT, pT, lamT
+    prev = _dual(u, p, lam, sched)
     for it in range(iters):
-        _sweep(lamT, blocks, guard)
-        if tol is not None:
-            cur = _dual(uT, pT, lamT, sched)
-            drop = torch.nan_to_num(prev - cur, nan=0.0, posinf=math.inf, neginf=0.0)
-            prev = cur
-            if B == 0 or float(drop.max()) < tol:
+        _sweep(lam, blocks, guard)
+        cur = _dual(u, p, lam, sched)
+        going = torch.nan_to_num(prev - cur, nan=0.0, posinf=math.inf, neginf=0.0) >= tol
+        prev = cur
+        count = int(going.sum())
+        if count == 0 or count <= 0.75 * going.numel():
+            if cols is not None:
+                lamT[..., cols] = lam
+            if count == 0:
                 return it + 1
+            keep = going.nonzero()[:, 0]
+            cols = keep if cols is None else cols[keep]
+            u, p, lam, prev = uT[..., cols], pT[..., cols], lamT[..., cols], prev[keep]
+            blocks = _blocks(u, ph[..., cols], sched)
+    if cols is not None:
+        lamT[..., cols] = lam
     return iters
 
 
@@ -368,8 +393,8 @@ def smoothed_lp(pot: Potentials, eps: float | torch.Tensor, iters: int, messages
     iters: maximum number of sweeps (every node's star update once, colour by colour); 0 only
         evaluates the dual at ``messages``.
     messages: [*B, E, 2, K] warm start (``SmoothedLPResult.messages``), default zeros.
-    tol: stop after the first sweep whose dual decrease in units of eps (max over the batch of
-        decrease / eps) is below tol.
+    tol: each problem of the batch stops after its first sweep whose dual decrease in units of eps
+        (decrease / eps) is below tol; the call returns when every problem has stopped.
 
     Returns a ``SmoothedLPResult``; ``value`` [*B] is the dual D(messages) (eq. 8), non-increasing
     in the sweeps, always >= the smoothed LP optimum >= max_y score(y), and within

@@ -87,6 +87,8 @@ class StructuredLearner(L.LightningModule):
         margin: "hamming" (M3N: the hinge's margin is the Hamming distance) or "zero_one" (margin against the
             worst violator, the best assignment other than the label: ``worst_violator``; RTA's Def. 6).
         margin_scale: weight of the margin term in the hinge.
+        bcfw_averaging: solver="bcfw" certifies (and predicts with) the weighted average of its iterates
+            (``BCFW(averaging=True)``).
         label_names: names of the n labels (pictures, metrics.json); default "y0", "y1", ...
     """
 
@@ -109,6 +111,7 @@ class StructuredLearner(L.LightningModule):
         cv_metric: str = "hamming_acc",
         margin: str = "hamming",
         margin_scale: float = 1.0,
+        bcfw_averaging: bool = False,
         label_names: list[str] | None = None,
     ) -> None:
         super().__init__()
@@ -123,6 +126,8 @@ class StructuredLearner(L.LightningModule):
                 raise ValueError(f"{name} must be a number > 0, got {v!r}")
         if isinstance(solver_iters, bool) or not isinstance(solver_iters, int) or solver_iters < 1:
             raise ValueError(f"solver_iters must be a positive int, got {solver_iters!r}")
+        if not isinstance(bcfw_averaging, bool):
+            raise ValueError(f"bcfw_averaging must be a bool, got {bcfw_averaging!r}")
         self.l2_grid = _check_l2(l2)
         if isinstance(cv_folds, bool) or not isinstance(cv_folds, int) or cv_folds < 2:
             raise ValueError(f"cv_folds must be an int >= 2, got {cv_folds!r}")
@@ -240,7 +245,8 @@ class StructuredLearner(L.LightningModule):
                                  eps=1.0 if crf else None, mask=mask)
         params = [p.detach().clone() for p in self.energy.parameters()]
         solver = BCFW(self.energy, len(x), lam, oracle=self.bcfw_oracle(), margin_scale=hp.margin_scale,
-                      bias_reg=hp.bias_reg, tol=hp.tol, mask=mask, margin=hp.get("margin", "hamming"))
+                      bias_reg=hp.bias_reg, tol=hp.tol, mask=mask, margin=hp.get("margin", "hamming"),
+                      averaging=hp.get("bcfw_averaging", False))
         with torch.no_grad():  # BCFW starts from w = 0; a resumed run restores its weights and dual state
             for p, saved in zip(self.energy.parameters(), params):
                 p.copy_(saved if self._solver_state else torch.zeros_like(saved))

@@ -2,11 +2,10 @@
 FISTA for l1-regularised ones."""
 
 from .bcfw import BCFW, EnsembleOracle, GapInfo, Oracle, StepInfo, one_hot_marginals, smoothed_oracle, tree_oracle
-from .lbfgs import LBFGSInfo, lbfgs_solve
+from .lbfgs import BatchedLBFGS
 from .proximal import BatchedFISTA
 from .smoothing import ForestSmoothedMax, LPSmoothedMax, SmoothedLBFGS, SmoothedMax, tree_smoothed_max
 
-__all__ = ["BCFW", "BatchedFISTA", "EnsembleOracle", "ForestSmoothedMax", "GapInfo", "LBFGSInfo", "LPSmoothedMax",
-           "Oracle",
-           "SmoothedLBFGS", "SmoothedMax", "StepInfo", "lbfgs_solve", "one_hot_marginals", "smoothed_oracle",
+__all__ = ["BCFW", "BatchedFISTA", "BatchedLBFGS", "EnsembleOracle", "ForestSmoothedMax", "GapInfo", "LPSmoothedMax",
+           "Oracle", "SmoothedLBFGS", "SmoothedMax", "StepInfo", "one_hot_marginals", "smoothed_oracle",
            "tree_oracle", "tree_smoothed_max"]

@@ -36,6 +36,13 @@ The liblinear convention: a regularised bias of weight rho equals a constant fea
 with a free bias weight; as rho -> 0 it approaches the unregularised bias (libsvm SVC). The
 certified gap is on the rho-regularised objective.
 
+Weighted averaging (``averaging=True``, Lacoste-Julien et al. Sec. 4): the certified point is the
+average w_avg^(k+1) = k/(k+2) w_avg^(k) + 2/(k+2) w^(k+1) of the iterates, with the same average of the
+dual state (mu_avg, a convex combination, so still in the polytope, and w_avg = w(mu_avg) by linearity),
+so P(w_avg) - D(mu_avg) is the averaged point's own duality gap. The energy then holds w_avg between
+steps (what predicts and is certified); the iterate is kept in the solver state. k counts the steps each
+model took (a certified model stops moving and averaging).
+
 Oracles: ``tree_oracle`` (exact, trees and forests): the gap certifies the exact objective.
 margin="zero_one" calls the oracle with ``exclude=y_i`` (the worst violator: the best assignment other
 than y_i; ``tree_oracle`` and ``ensemble_oracle`` support it) and compares it with y_i itself.
@@ -185,18 +192,22 @@ class BCFW:
         steps: "block" (per-block steps from the batch's exact dual QP, needs ``energy.block_gram``) or
             "batch" (the batch Frank-Wolfe direction); both end with one exact line search.
         sweeps: Gauss-Seidel sweeps over the batch for steps="block".
+        averaging: certify (and leave in the energy) the weighted average of the iterates instead of the
+            last iterate.
 
     State (per example, indexed by example index, so it can be swapped for a store object):
     ``nu_unary`` [N, M, n, K] and ``nu_pair`` [N, M, E, K, K], nu_i = m(y_i) - mu_i, and ``ell`` [N, M, C],
-    the expected loss l_i per block, all zeros at the start (ensembles: E = T (n-1)).
+    the expected loss l_i per block, all zeros at the start (ensembles: E = T (n-1)); with averaging also
+    their averages ``avg_unary``, ``avg_pair``, ``avg_ell``, the iterate's parameters ``iterate`` (the energy
+    holds the average) and ``iterate_lin`` [M], and the per-model step counts ``avg_steps`` [M].
     """
 
     MARGINS = ("hamming", "zero_one")
 
     def __init__(self, energy: Energy, num_examples: int, lam: float | torch.Tensor, oracle: Oracle = tree_oracle,
                  margin_scale: float = 1.0, bias_reg: float = 1e-2, tol: float = 1e-3,
-                 mask: torch.Tensor | None = None, steps: str = "block", sweeps: int = 3, margin: str = "hamming"
-                 ) -> None:
+                 mask: torch.Tensor | None = None, steps: str = "block", sweeps: int = 3,
+                 averaging: bool = False, margin: str = "hamming") -> None:
         if not isinstance(energy, Energy):
             raise TypeError(f"energy must be a structtorch Energy, got {type(energy).__name__}")
         if margin not in self.MARGINS:
@@ -212,6 +223,9 @@ class BCFW:
             raise TypeError(f"steps='block' needs {type(energy).__name__}.block_gram; use steps='batch'")
         if isinstance(sweeps, bool) or not isinstance(sweeps, int) or sweeps < 1:
             raise ValueError(f"sweeps must be a positive int, got {sweeps!r}")
+        if not isinstance(averaging, bool):
+            raise ValueError(f"averaging must be a bool, got {averaging!r}")
+        self.averaging = averaging
         self.energy, self.oracle, self.steps, self.sweeps, self.margin = energy, oracle, steps, sweeps, margin
         self.num_models = energy.num_models
         self.num_examples, self.margin_scale, self.bias_reg, self.tol = num_examples, margin_scale, bias_reg, tol
@@ -235,6 +249,12 @@ class BCFW:
         self.nu_unary: torch.Tensor | None = None  # allocated at the first batch (K known then)
         self.nu_pair: torch.Tensor | None = None
         self.ell: torch.Tensor | None = None
+        self.avg_unary: torch.Tensor | None = None  # averaging: the averaged dual state
+        self.avg_pair: torch.Tensor | None = None
+        self.avg_ell: torch.Tensor | None = None
+        self.iterate = [torch.zeros_like(p) for p in self.params] if averaging else []
+        self.iterate_lin = torch.zeros_like(self.lin)
+        self.avg_steps = torch.zeros_like(self.lin)
         self.start_epoch()
 
     # ------------------------------------------------------------------ state
@@ -246,29 +266,74 @@ class BCFW:
         self.nu_unary = ref.new_zeros(self.num_examples, M, g.num_nodes, K)
         self.nu_pair = ref.new_zeros(self.num_examples, M, g.num_graphs * g.num_edges, K, K)
         self.ell = ref.new_zeros(self.num_examples, M, self.num_comp)
+        if self.averaging:
+            self.avg_unary, self.avg_pair = torch.zeros_like(self.nu_unary), torch.zeros_like(self.nu_pair)
+            self.avg_ell = torch.zeros_like(self.ell)
+
+    def _state_keys(self) -> list[str]:
+        keys = ["nu_unary", "nu_pair", "ell", "active", "lin"]
+        return keys + ["avg_unary", "avg_pair", "avg_ell", "iterate_lin", "avg_steps"] if self.averaging else keys
 
     def state_dict(self) -> dict[str, torch.Tensor | None]:
-        """The dual state: nu_unary [N, M, n, K], nu_pair [N, M, E, K, K], ell [N, M, C], active [M], lin [M]."""
-        return {"nu_unary": self.nu_unary, "nu_pair": self.nu_pair, "ell": self.ell, "active": self.active,
-                "lin": self.lin}
+        """The dual state: nu_unary [N, M, n, K], nu_pair [N, M, E, K, K], ell [N, M, C], active [M], lin [M];
+        with averaging also avg_unary, avg_pair, avg_ell (as nu, ell), iterate_lin [M], avg_steps [M] and
+        iterate.<j> (the iterate's parameters, shaped as the energy's)."""
+        state = {k: getattr(self, k) for k in self._state_keys()}
+        return state | {f"iterate.{j}": t for j, t in enumerate(self.iterate)}
 
     def load_state_dict(self, state: dict[str, torch.Tensor | None]) -> None:
         """Restore ``state_dict()`` (the energy's parameters are restored separately)."""
-        missing = {"nu_unary", "nu_pair", "ell", "active", "lin"} - set(state)
+        missing = set(self._state_keys()) | {f"iterate.{j}" for j in range(len(self.iterate))}
+        missing -= set(state)
         if missing:
             raise ValueError(f"state is missing keys {sorted(missing)}")
         if state["active"].shape != self.active.shape:
             raise ValueError(f"state['active'] must have shape {tuple(self.active.shape)}, "
                              f"got {tuple(state['active'].shape)}")
-        self.nu_unary, self.nu_pair, self.ell = state["nu_unary"], state["nu_pair"], state["ell"]
-        self.active, self.lin = state["active"].clone(), state["lin"].clone()
+        for k in self._state_keys():
+            v = state[k]
+            setattr(self, k, v.clone() if k in ("active", "lin", "iterate_lin", "avg_steps") else v)
+        with torch.no_grad():
+            for j, t in enumerate(self.iterate):
+                t.copy_(state[f"iterate.{j}"])
+
+    def point_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The dual state of the point in the energy (certified by ``duality_gap``): the averages with
+        averaging, else the iterate's: [N, M, n, K], [N, M, E, K, K], [N, M, C]."""
+        if self.averaging:
+            return self.avg_unary, self.avg_pair, self.avg_ell
+        return self.nu_unary, self.nu_pair, self.ell
 
     def marginals(self, index: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The dual iterate mu_i = m(y_i) - nu_i of examples ``index`` [B] with labels y [B, n]:
-        unary [B, M, n, K], pairwise [B, M, E, K, K]."""
-        K = self.nu_unary.shape[-1]
-        m_u, m_p = one_hot_marginals(y, self.energy.graph, K, self.nu_unary.dtype)
-        return m_u.unsqueeze(1) - self.nu_unary[index], m_p.unsqueeze(1) - self.nu_pair[index]
+        """The dual point mu_i = m(y_i) - nu_i (``point_state``) of examples ``index`` [B] with labels
+        y [B, n]: unary [B, M, n, K], pairwise [B, M, E, K, K]."""
+        nu_u, nu_p, _ = self.point_state()
+        m_u, m_p = one_hot_marginals(y, self.energy.graph, nu_u.shape[-1], nu_u.dtype)
+        return m_u.unsqueeze(1) - nu_u[index], m_p.unsqueeze(1) - nu_p[index]
+
+    def _swap(self) -> None:
+        """Exchange the energy's parameters and ``lin`` with the stored ``iterate`` and ``iterate_lin``
+        (averaging: the energy holds the iterate during a step, the average between steps)."""
+        with torch.no_grad():
+            for p, q in zip(self.params, self.iterate):
+                held = p.clone()
+                p.copy_(q)
+                q.copy_(held)
+        self.lin, self.iterate_lin = self.iterate_lin, self.lin
+
+    def _average(self) -> None:
+        """After a step (energy: the new iterate; ``iterate``: the old average), fold the iterate into the
+        average: avg <- k/(k+2) avg + 2/(k+2) iterate, for the active models (k = their steps so far)."""
+        k = self.avg_steps
+        c = torch.where(self.active, k / (k + 2), 1.0)  # [M]; 0 at the first step: avg = iterate
+        with torch.no_grad():
+            for p, a in zip(self.params, self.iterate):
+                a.mul_(self._per_param(c, a)).add_(self._per_param(1 - c, p) * p)
+            for avg, nu in ((self.avg_unary, self.nu_unary), (self.avg_pair, self.nu_pair), (self.avg_ell, self.ell)):
+                view = c.view(1, -1, *([1] * (nu.dim() - 2)))
+                avg.mul_(view).add_((1 - view) * nu)
+        self.iterate_lin = c * self.iterate_lin + (1 - c) * self.lin
+        self.avg_steps = k + self.active.to(k.dtype)
 
     # ------------------------------------------------------------------ the step
     def start_epoch(self) -> None:
@@ -277,13 +342,27 @@ class BCFW:
         self.epoch_loss = torch.zeros_like(self.lam)
 
     def step(self, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor) -> StepInfo:
-        """One block update on a batch: x [B, D], y [B, n] long, index [B] long (distinct example ids)."""
+        """One block update on a batch: x [B, D], y [B, n] long, index [B] long (distinct example ids).
+        With averaging, the step is the iterate's and ``dual`` is the average's."""
+        if not self.averaging:
+            return self._step(x, y, index)
+        self._swap()
+        try:
+            info = self._step(x, y, index)
+            self._average()
+        finally:
+            self._swap()
+        info.dual = self.dual()
+        return info
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor) -> StepInfo:
         pot = self.energy(x)
         y, index = self._check_batch(pot, x, y, index)
         U, P = lift_models(pot, self.num_models)
         self._ensure_state(U.shape[-1])
         with torch.no_grad():
-            d_u, d_p, gaps, hinge, d_ell = self._terms(U.detach(), P.detach(), y, index)
+            d_u, d_p, gaps, hinge, d_ell = self._terms(U.detach(), P.detach(), y, index, self.nu_unary,
+                                                       self.nu_pair, self.ell)
             gamma = self._block_steps(x, d_u, d_p, gaps, self.mask[:, index] & self.active[:, None])
             gd_u = gamma[..., self.node_comp, None] * d_u
             gd_p = gamma[..., self.edge_comp, None, None] * d_p
@@ -330,9 +409,11 @@ class BCFW:
         A = A * (self.lam * self.scale ** 2)[:, None, None, None]
         return _gauss_seidel(A, gaps.transpose(1, 2), allowed.transpose(1, 2), self.sweeps).transpose(1, 2)
 
-    def _terms(self, U: torch.Tensor, P: torch.Tensor, y: torch.Tensor, index: torch.Tensor):
-        """FW directions d = mu_hat - mu ([M, B, n, K], [M, B, E, K, K]), block gaps [M, B, C] (masked,
-        divided by N_m), hinge losses [M, B], and the loss direction Delta(y_i, y_hat) - l_i per block [M, B, C]."""
+    def _terms(self, U: torch.Tensor, P: torch.Tensor, y: torch.Tensor, index: torch.Tensor,
+               nu_unary: torch.Tensor, nu_pair: torch.Tensor, ell: torch.Tensor):
+        """FW directions d = mu_hat - mu ([M, B, n, K], [M, B, E, K, K]) from the dual state nu_unary
+        [N, M, n, K], nu_pair [N, M, E, K, K], ell [N, M, C], block gaps [M, B, C] (masked, divided by N_m),
+        hinge losses [M, B], and the loss direction Delta(y_i, y_hat) - l_i per block [M, B, C]."""
         K = U.shape[-1]
         m_u, m_p = one_hot_marginals(y, self.energy.graph, K, U.dtype)
         score = (U * m_u).sum((-1, -2)) + (P * m_p).sum((-1, -2, -3))  # [M, B]
@@ -348,9 +429,9 @@ class BCFW:
             mh_u = torch.where(truth[..., None, None], m_u, mh_u)
             mh_p = torch.where(truth[..., None, None, None], m_p, mh_p)
             loss = torch.where(truth, 0.0, self.margin_scale).to(U.dtype)[..., None]
-        d_u = mh_u - m_u + self.nu_unary[index].movedim(1, 0)
-        d_p = mh_p - m_p + self.nu_pair[index].movedim(1, 0)
-        d_ell = loss - self.ell[index].movedim(1, 0)
+        d_u = mh_u - m_u + nu_unary[index].movedim(1, 0)
+        d_p = mh_p - m_p + nu_pair[index].movedim(1, 0)
+        d_ell = loss - ell[index].movedim(1, 0)
         gaps = self._per_component((U * d_u).sum(-1), (P * d_p).sum((-1, -2))) + d_ell
         gaps = gaps * (self.mask[:, index] / self.count[:, None])[..., None]
         return d_u, d_p, gaps, value - score, d_ell
@@ -379,7 +460,11 @@ class BCFW:
         return self.epoch_gap / primal.clamp_min(torch.finfo(primal.dtype).tiny)
 
     def should_certify(self) -> bool:
-        """True when some active model's running estimate is below tol: time for ``duality_gap``."""
+        """True when some active model's running estimate is below tol: time for ``duality_gap``. With
+        averaging always (while a model is active): the running estimate is the iterate's, and the
+        average's gap, often much smaller, has no cheap estimate."""
+        if self.averaging:
+            return bool(self.active.any())
         return bool((self.active & (self.gap_estimate() <= self.tol)).any())
 
     def block_gaps(self, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -389,17 +474,20 @@ class BCFW:
             y, index = self._check_batch(pot, x, y, index)
             U, P = lift_models(pot, self.num_models)
             self._ensure_state(U.shape[-1])
-            return self._terms(U, P, y, index)[2].sum(-1)
+            return self._terms(U, P, y, index, *self.point_state())[2].sum(-1)
 
     def duality_gap(self, batches: Iterable[tuple[torch.Tensor, ...]]) -> GapInfo:
         """Exact P(w) - D(mu) by one pass over ``batches`` of (x, y, index) covering every example.
 
         D(mu) uses w(mu) rebuilt from the dual state (no drift), so the certificate holds for the
-        current parameters. Models whose relative gap is <= tol become inactive (stop moving).
+        current parameters. With averaging, w is the average and D the larger of D(mu_avg) and
+        D(mu_iterate) (both lower-bound the optimum). Models whose relative gap is <= tol become
+        inactive (stop moving).
         """
+        num_states = 2 if self.averaging else 1  # the point's dual state, then the iterate's
         hinge = torch.zeros_like(self.lam)
-        lin = torch.zeros_like(self.lam)
-        acc = [torch.zeros_like(p) for p in self.params]
+        lins = [torch.zeros_like(self.lam) for _ in range(num_states)]
+        accs = [[torch.zeros_like(p) for p in self.params] for _ in range(num_states)]
         seen = torch.zeros(self.num_examples, dtype=torch.bool, device=self.lam.device)
         for batch in batches:
             x, y, index = batch[0], batch[1], batch[2]
@@ -407,26 +495,30 @@ class BCFW:
             y, index = self._check_batch(pot, x, y, index)
             U, P = lift_models(pot, self.num_models)
             self._ensure_state(U.shape[-1])
-            nu_u, nu_p = self.nu_unary[index].movedim(1, 0), self.nu_pair[index].movedim(1, 0)
-            surrogate = self.scale * ((U * nu_u).sum((1, 2, 3)) + (P * nu_p).sum((1, 2, 3, 4)))
-            grads = torch.autograd.grad(surrogate.sum(), self.params, allow_unused=True)
+            states = [self.point_state(), (self.nu_unary, self.nu_pair, self.ell)][:num_states]
+            w = self.mask[:, index] / self.count[:, None]
             with torch.no_grad():
-                for a, g in zip(acc, grads):
-                    if g is not None:
-                        a += g
-                h = self._terms(U.detach(), P.detach(), y, index)[3]
-                w = self.mask[:, index] / self.count[:, None]
-                hinge += (h * w).sum(1)
-                lin += (self.ell[index].sum(-1).T * w).sum(1)
+                hinge += (self._terms(U.detach(), P.detach(), y, index, *states[0])[3] * w).sum(1)
                 seen[index] = True
+            for j, (state_u, state_p, state_ell) in enumerate(states):
+                nu_u, nu_p = state_u[index].movedim(1, 0), state_p[index].movedim(1, 0)
+                surrogate = self.scale * ((U * nu_u).sum((1, 2, 3)) + (P * nu_p).sum((1, 2, 3, 4)))
+                grads = torch.autograd.grad(surrogate.sum(), self.params, allow_unused=True,
+                                            retain_graph=j + 1 < num_states)
+                with torch.no_grad():
+                    for a, g in zip(accs[j], grads):
+                        if g is not None:
+                            a += g
+                    lins[j] += (state_ell[index].sum(-1).T * w).sum(1)
         if not bool(seen.all()):
             raise ValueError(f"duality_gap needs batches covering all {self.num_examples} examples, "
                              f"got {int(seen.sum())}")
         with torch.no_grad():
-            w_mu = self._per_model([a * bs ** 0.5 for a, bs in zip(acc, self._bias_scale)], squared=True)
+            duals = [lin - 0.5 * self.lam * self._per_model([a * bs ** 0.5 for a, bs in zip(acc, self._bias_scale)],
+                                                            squared=True) for lin, acc in zip(lins, accs)]
             primal = 0.5 * self.lam * self.sq_norm() + hinge
-            dual = lin - 0.5 * self.lam * w_mu
-            self.lin = lin
+            dual = torch.stack(duals).amax(0)
+            self.lin = lins[0]
             gap = primal - dual
             rel = gap / primal.clamp_min(torch.finfo(primal.dtype).tiny)
             converged = rel <= self.tol

@@ -57,19 +57,32 @@ def tree_smoothed_max(pot: Potentials, eps: torch.Tensor) -> torch.Tensor:
 class LPSmoothedMax:
     """The entropy-smoothed LP relaxation (``smoothed_lp``, any graph) as a SmoothedMax: all models and
     examples in one call, each model at its own temperature, warm-started from the previous call's
-    messages when the shapes match (any messages give an upper bound; the sweeps run until the dual
-    decreases by less than ``tol`` eps, so the start only changes the number of sweeps)."""
+    messages when the shapes match (any messages give an upper bound; each problem sweeps until its dual
+    decreases by less than ``tol`` eps, so the start only changes the number of sweeps). ``subset(models)``
+    evaluates some models only, warm-started from (and updating) their rows of the messages."""
 
     def __init__(self, iters: int = 100, tol: float | None = 1e-6) -> None:
         self.iters, self.tol = iters, tol
-        self.messages: torch.Tensor | None = None
+        self.messages: torch.Tensor | None = None  # [M, N, E, 2, K] of the last call
 
     def __call__(self, pot: Potentials, eps: torch.Tensor) -> torch.Tensor:
-        warm = self.messages
-        if warm is not None and (warm.shape[:-3] != pot.batch_shape or warm.dtype != pot.dtype):
-            warm = None
+        return self._solve(pot, eps, None)
+
+    def subset(self, models: torch.Tensor) -> SmoothedMax:
+        """The smoothed max of the models where ``models`` [M] (bool) is True: Potentials [M', N], eps [M', 1]."""
+        return lambda pot, eps: self._solve(pot, eps, models)
+
+    def _solve(self, pot: Potentials, eps: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        store = self.messages
+        if store is not None and rows is not None:
+            store = store[rows] if store.shape[0] == rows.shape[0] else None
+        warm = store if store is not None and store.shape[:-3] == pot.batch_shape and store.dtype == pot.dtype \
+            else None
         res = smoothed_lp(pot, eps, self.iters, messages=warm, tol=self.tol)
-        self.messages = res.messages
+        if rows is None:
+            self.messages = res.messages
+        elif warm is not None:
+            self.messages[rows] = res.messages
         return res.value
 
 
