@@ -99,7 +99,7 @@ class RTAConfig(ModelConfig):
 
     num_trees: int = 10
     k: int = 8
-    k_max: Any = None  # int or None: 2 * number of labels
+    k_max: Any = None  # int or None: max(k, min(2 * number of labels, 32))
     seed: int = 0
     normalize: bool = True
     margin: str = "zero_one"

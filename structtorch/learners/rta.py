@@ -44,7 +44,8 @@ class RTA(StructuredLearner):
     Args:
         num_trees: T, the number of uniform random spanning trees (paper: up to 40).
         k: the K-best list length of the ensemble inference (Sec. 4.1).
-        k_max: K doubles up to k_max for the examples Lemma 7 does not certify (None: max(k, 2 n)).
+        k_max: K doubles up to k_max for the examples Lemma 7 does not certify (None: max(k, min(2 n, 32)); the
+            paper's K went up to 32).
         seed: the seed the trees are drawn from (kept in the checkpoint with the trees).
         normalize: unit-norm joint features per tree (phi_hat of the paper).
         margin: "zero_one" (Def. 6, the default) or "hamming".
@@ -61,7 +62,7 @@ class RTA(StructuredLearner):
         for name, v in (("num_trees", num_trees), ("k", k), ("num_labels", num_labels)):
             if isinstance(v, bool) or not isinstance(v, int) or v < (2 if name == "num_labels" else 1):
                 raise ValueError(f"RTA: {name} must be an int >= {2 if name == 'num_labels' else 1}, got {v!r}")
-        k_max = max(k, 2 * num_labels) if k_max is None else k_max
+        k_max = max(k, min(2 * num_labels, 32)) if k_max is None else k_max
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < k:
             raise ValueError(f"RTA: k_max must be an int >= k={k}, got {k_max!r}")
         self._trees = random_spanning_trees(num_labels, num_trees, torch.Generator().manual_seed(seed))
