@@ -1,7 +1,10 @@
 """Energies: nn.Modules mapping inputs to Potentials (one base: ``energies/base.py``)."""
 
 from .base import Energy
+from .functions import FUNCTIONS, ConstantFunction, LinearFunction, LocalFunction, ZeroFunction, make_function
+from .grid import GridEnergy
 from .linear import FinleyJoachimsEnergy, LinearTableEnergy
 from .local import LocalLinearEnergy
 
-__all__ = ["Energy", "FinleyJoachimsEnergy", "LinearTableEnergy", "LocalLinearEnergy"]
+__all__ = ["FUNCTIONS", "ConstantFunction", "Energy", "FinleyJoachimsEnergy", "GridEnergy", "LinearFunction",
+           "LinearTableEnergy", "LocalFunction", "LocalLinearEnergy", "ZeroFunction", "make_function"]

@@ -3,10 +3,11 @@
 from .base import TEST_INFERENCE, TRAIN_INFERENCE, StructuredLearner
 from .baselines import MST, FixedTree, Full, Greedy, Independent
 from .crank import CRANK, Project
+from .logistic import LogisticEnergy
 from .tree_crf import TreeCRF
 
 LEARNERS = {"independent": Independent, "fixed_tree": FixedTree, "full": Full, "crank": CRANK, "greedy": Greedy,
-            "mst": MST, "project": Project, "tree_crf": TreeCRF}
+            "mst": MST, "project": Project, "tree_crf": TreeCRF, "logistic": LogisticEnergy}
 
 __all__ = ["CRANK", "LEARNERS", "MST", "TEST_INFERENCE", "TRAIN_INFERENCE", "FixedTree", "Full", "Greedy",
-           "Independent", "Project", "StructuredLearner", "TreeCRF"]
+           "Independent", "LogisticEnergy", "Project", "StructuredLearner", "TreeCRF"]
