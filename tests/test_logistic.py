@@ -193,3 +193,22 @@ def test_the_graph_is_the_data_grid():
     dm = _data(2, 3, 5)
     model = _learner(dm)
     assert torch.equal(model.graph.edges, Graph.grid(3, 5).edges)
+
+
+def test_boosted_trees_lower_the_biased_logistic_loss_and_survive_a_checkpoint():
+    pytest.importorskip("xgboost")
+    from structtorch.energies import make_function
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(3000, 2, generator=gen)
+    x[:, 1] = 1.0
+    target = (x[:, 0] + 0.2 * torch.randn(3000, generator=gen) > 0.5).long()
+    bias = torch.randn(3000, 2, generator=gen)
+    fn = make_function("boost", 2, 2, epochs=3)
+    start = float(torch.nn.functional.cross_entropy(bias, target))
+    first = fn.fit(x, bias, target)
+    second = fn.fit(x, bias, target)  # continues the ensemble
+    assert second < first < start
+    copy = make_function("boost", 2, 2)
+    copy.load_state_dict(fn.state_dict())
+    torch.testing.assert_close(copy(x), fn(x))

@@ -5,7 +5,8 @@
 
 for rows m (every position of every example of one factor type), features phi [M, D], per-row biases
 b [M, C] and targets t [M]. ``FUNCTIONS`` maps the config names (``model.unary=``, ``model.pairwise=``) to
-the classes: zero, const, linear (L-BFGS) and mlp (``energies/mlp.py``, SGD).
+the classes: zero, const, linear (L-BFGS), mlp (``energies/mlp.py``, SGD) and boost (``energies/boost.py``,
+gradient-boosted regression trees by xgboost, an optional extra).
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ def make_function(name: str, in_features: int, out_features: int, *, fit_iters: 
     """The function class ``name`` (a key of ``FUNCTIONS``) for D inputs and C states.
 
     fit_iters: L-BFGS iterations per fit (const, linear); hidden / lr / epochs / seed: the MLP's hidden
-    units, SGD step, passes over the rows per fit and initialisation seed.
+    units, SGD step, passes over the rows per fit and initialisation seed; epochs / seed are also the
+    boosting rounds per fit and xgboost's seed. ImportError for "boost" without xgboost.
     """
     if name == "zero":
         return ZeroFunction(in_features, out_features)
@@ -134,8 +136,12 @@ def make_function(name: str, in_features: int, out_features: int, *, fit_iters: 
         from .mlp import MLPFunction
 
         return MLPFunction(in_features, out_features, hidden=hidden, lr=lr, epochs=epochs, seed=seed)
+    if name == "boost":
+        from .boost import BoostedTrees
+
+        return BoostedTrees(in_features, out_features, rounds=epochs, seed=seed)
     raise ValueError(f"function class must be one of {list(FUNCTIONS)}, got {name!r}")
 
 
 #: the function classes by config name, in the order of Domke's Table 1
-FUNCTIONS = ("zero", "const", "linear", "mlp")
+FUNCTIONS = ("zero", "const", "linear", "boost", "mlp")

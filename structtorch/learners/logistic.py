@@ -55,7 +55,8 @@ class LogisticEnergy(StructuredLearner):
     Args:
         num_features, num_pair_features: Du and Dp, the per-pixel and per-edge features.
         num_labels: n (must be height * width); height, width: the grid.
-        unary, pairwise: function classes of u and v (``FUNCTIONS``: zero, const, linear, mlp).
+        unary, pairwise: function classes of u and v (``FUNCTIONS``: zero, const, linear, boost, mlp; boost
+            needs xgboost).
         method: "logistic" (Algorithm 1) or "hinge" (end to end by ``solver`` adam / adamw / sgd with ``lr``).
         eps: the entropy weight of the smoothed LP (paper .1); passes: message passes after each fit (paper 25)
             and, for "hinge", per training step.
@@ -63,7 +64,7 @@ class LogisticEnergy(StructuredLearner):
             eps), decoded by the node pseudo-marginals.
         fit_iters: L-BFGS iterations per fit of const / linear functions.
         hidden, unary_lr, pairwise_lr, fit_epochs: MLP hidden units, SGD steps (paper .25 / .05) and passes over
-            the positions per fit; seed: initial MLP weights and SGD orders.
+            the positions per fit (boost: trees per state per fit); seed: initial MLP weights and SGD orders.
         margin_scale: weight of the Hamming term Delta. ``l2`` is not used: the paper's objective has no
             regulariser. Other args as ``StructuredLearner``.
     """
