@@ -89,8 +89,9 @@ class TreeCRFConfig(ModelConfig):
 class LogisticConfig(ModelConfig):
     """LogisticEnergy (Domke 2013): grid energies by message-biased logistic regression (``data=denoising``).
 
-    unary / pairwise: zero | const | linear | boost (needs xgboost) | mlp; method: logistic (Algorithm 1) | hinge
-    (end to end, solver adam / adamw / sgd). l2 is not used (the paper's objective has no regulariser).
+    unary / pairwise: zero | const | linear | boost (xgboost; one tree per state per fit) | mlp;
+    method: logistic (Algorithm 1) | hinge (end to end, solver adam / adamw / sgd). l2 is not used (the paper's
+    objective has no regulariser).
     """
 
     test_inference: str = "smoothed_lp"
@@ -105,7 +106,7 @@ class LogisticConfig(ModelConfig):
     hidden: int = 20  # MLP hidden units
     unary_lr: float = 0.25  # MLP SGD steps (paper: .25 unary, .05 pairwise)
     pairwise_lr: float = 0.05
-    fit_epochs: int = 1  # MLP passes over the positions per fit; boost: rounds (one tree per state) per fit
+    fit_epochs: int = 5  # MLP SGD passes over the positions per fit
     seed: int = 0
 
 

@@ -204,7 +204,7 @@ def test_boosted_trees_lower_the_biased_logistic_loss_and_survive_a_checkpoint()
     x[:, 1] = 1.0
     target = (x[:, 0] + 0.2 * torch.randn(3000, generator=gen) > 0.5).long()
     bias = torch.randn(3000, 2, generator=gen)
-    fn = make_function("boost", 2, 2, epochs=3)
+    fn = make_function("boost", 2, 2)
     start = float(torch.nn.functional.cross_entropy(bias, target))
     first = fn.fit(x, bias, target)
     second = fn.fit(x, bias, target)  # continues the ensemble

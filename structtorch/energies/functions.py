@@ -123,8 +123,8 @@ def make_function(name: str, in_features: int, out_features: int, *, fit_iters: 
     """The function class ``name`` (a key of ``FUNCTIONS``) for D inputs and C states.
 
     fit_iters: L-BFGS iterations per fit (const, linear); hidden / lr / epochs / seed: the MLP's hidden
-    units, SGD step, passes over the rows per fit and initialisation seed; epochs / seed are also the
-    boosting rounds per fit and xgboost's seed. ImportError for "boost" without xgboost.
+    units, SGD step, passes over the rows per fit and initialisation seed (seed is also xgboost's; boosting
+    adds one tree per state per fit, as in the paper). ImportError for "boost" without xgboost.
     """
     if name == "zero":
         return ZeroFunction(in_features, out_features)
@@ -139,7 +139,7 @@ def make_function(name: str, in_features: int, out_features: int, *, fit_iters: 
     if name == "boost":
         from .boost import BoostedTrees
 
-        return BoostedTrees(in_features, out_features, rounds=epochs, seed=seed)
+        return BoostedTrees(in_features, out_features, seed=seed)
     raise ValueError(f"function class must be one of {list(FUNCTIONS)}, got {name!r}")
 
 
