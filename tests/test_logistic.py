@@ -212,3 +212,21 @@ def test_boosted_trees_lower_the_biased_logistic_loss_and_survive_a_checkpoint()
     copy = make_function("boost", 2, 2)
     copy.load_state_dict(fn.state_dict())
     torch.testing.assert_close(copy(x), fn(x))
+
+
+@pytest.mark.slow
+def test_two_ddp_processes_learn_the_same_functions_and_messages_as_one(tmp_path):
+    """trainer=ddp (2 CPU processes, gloo): each process passes the messages of its share of the 5 images (3 and
+    2), ExampleState all-gathers them, both fit the same functions: the checkpoint equals one process's."""
+    from test_ddp import run_process
+
+    args = ["-m", "structtorch.train", "model=logistic", "model.unary=mlp", "data=denoising", "data.height=12",
+            "data.width=12", "data.num_train=5", "data.num_test=4", "data.batch_size=4", "data.blur=4",
+            "trainer.max_epochs=4", "logger=none", "trainer.enable_progress_bar=false"]
+    for trainer in ("cpu", "ddp"):
+        run_process([*args, f"trainer={trainer}", f"hydra.run.dir={tmp_path / trainer}"])
+    one, two = (torch.load(tmp_path / t / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+                for t in ("cpu", "ddp"))
+    assert one["example_state.messages"].shape[0] == 5 and one["example_state.messages"].abs().sum() > 0
+    for key, value in one.items():
+        torch.testing.assert_close(two[key], value, rtol=1e-6, atol=1e-6, msg=key)
