@@ -89,7 +89,9 @@ def write_outputs(out: Path, size: int) -> None:
     missing = [f"{u}/{p}" for u in CLASSES for p in CLASSES if (u, p) not in cells]
     footer = ["", "Test error of LogisticEnergy (the paper's Table 1, denoising, in parentheses); rows: unary "
               "class, columns: pairwise class. Settings and times per learning iteration: "
-              f"`{out.name}_runs.md`. Cells not run: {', '.join(missing) if missing else 'none'}."]
+              f"`{out.name}_runs.md` (seconds_per_iteration: wall time of the run, on a shared machine; CPU seconds "
+              f"per iteration: `scripts/results/bench_logistic.json`). Cells not run: "
+              f"{', '.join(missing) if missing else 'none'}."]
     write_table(rows, out, footer=footer)
     _picture(cells, out.with_suffix(".png"), size)
 

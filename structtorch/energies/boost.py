@@ -4,9 +4,12 @@
 Each fit adds ``rounds`` boosting rounds (one regression tree per state) to the ensemble, continuing from
 the current trees with the rows' biases as xgboost's per-row base margins, so the trees are grown on the
 gradient of the *biased* logistic loss (eq. 13) at (current function + bias). As in the paper: shrinkage
-.25, leaf values set by a (Newton) step on the logistic loss, and every leaf holding at least ~5% of the
-data, here as xgboost's ``min_child_weight`` = 5% of the fit's total hessian (xgboost bounds leaves by
-hessian weight, not by row count). No row subsampling (deterministic).
+.25, leaf values set by a step on the logistic loss, and every leaf holding at least ~5% of the data, here
+as xgboost's ``min_child_weight`` = 5% of the fit's total hessian (xgboost bounds leaves by hessian weight,
+not by row count). The paper optimises the leaf values; xgboost takes one Newton step per leaf, which
+diverges here (the biases saturate many rows' probabilities: gradient ~1, hessian ~0), so leaf steps are
+capped (``max_delta_step`` = 5, L2 ``lambda`` = 1): stable, but slower than the paper's boosting. No row
+subsampling (deterministic).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ class BoostedTrees(LocalFunction):
         self.rounds, self.seed = rounds, seed
         self.params = {"objective": "multi:softprob", "num_class": out_features, "eta": shrinkage,
                        "max_depth": max_depth, "tree_method": "hist", "nthread": 1, "seed": seed,
-                       "lambda": 0.0, "base_score": 0.0}
+                       "lambda": 1.0, "max_delta_step": 5.0, "base_score": 0.0}
         self.min_leaf = float(min_leaf)
         self.register_buffer("model", torch.zeros(0, dtype=torch.uint8))
         self._booster = None  # deserialised from ``model`` on first use
