@@ -13,8 +13,9 @@ from omegaconf import MISSING
 
 from .data.download import mulan_datasets
 
-__all__ = ["Config", "ModelConfig", "FixedTreeConfig", "FullConfig", "MulanDataConfig", "SyntheticDataConfig",
-           "MAMConfig", "RTAConfig", "TrainerConfig", "TreeCRFConfig", "TreeCRFSyntheticDataConfig", "register_configs"]
+__all__ = ["Config", "DenoisingDataConfig", "ModelConfig", "FixedTreeConfig", "FullConfig", "LogisticConfig",
+           "MAMConfig", "MulanDataConfig", "RTAConfig", "SyntheticDataConfig", "TrainerConfig", "TreeCRFConfig",
+           "TreeCRFSyntheticDataConfig", "register_configs"]
 
 
 @dataclass
@@ -116,6 +117,31 @@ class MAMConfig(ModelConfig):
 
 
 @dataclass
+class LogisticConfig(ModelConfig):
+    """LogisticEnergy (Domke 2013): grid energies by message-biased logistic regression (``data=denoising``).
+
+    unary / pairwise: zero | const | linear | boost (xgboost; one tree per state per fit) | mlp;
+    method: logistic (Algorithm 1) | hinge (end to end, solver adam / adamw / sgd). l2 is not used (the paper's
+    objective has no regulariser).
+    """
+
+    test_inference: str = "smoothed_lp"
+    unary: str = "linear"
+    pairwise: str = "linear"
+    method: str = "logistic"
+    eps: float = 0.1
+    passes: int = 25  # message passes after each fit (paper: 25)
+    predict_iters: int = 100
+    predict_eps: Any = None  # float or None (= eps)
+    fit_iters: int = 50  # L-BFGS iterations per fit (const, linear)
+    hidden: int = 20  # MLP hidden units
+    unary_lr: float = 0.25  # MLP SGD steps (paper: .25 unary, .05 pairwise)
+    pairwise_lr: float = 0.05
+    fit_epochs: int = 5  # MLP SGD passes over the positions per fit
+    seed: int = 0
+
+
+@dataclass
 class MulanDataConfig:
     """Any Mulan dataset by name (``data=mulan data.name=<dataset>``), see ``MultilabelDataModule``.
 
@@ -183,6 +209,22 @@ class TreeCRFSyntheticDataConfig(GeneratedDataConfig):
 
 
 @dataclass
+class DenoisingDataConfig:
+    """Domke's synthetic binary denoising images (per-pixel labels on a 4-connected grid, no files needed)."""
+
+    kind: str = "denoising"
+    num_train: int = 16
+    num_test: int = 16
+    height: int = 100
+    width: int = 100
+    blur: float = 10.0  # std (pixels) of the Gaussian that smooths the uniform noise into the labels
+    batch_size: int = 16
+    val_fraction: float = 0.0
+    seed: int = 0
+    num_workers: int = 0
+
+
+@dataclass
 class TrainerConfig:
     """Options passed to ``lightning.Trainer`` (a subset; add more as needed)."""
 
@@ -223,9 +265,11 @@ def register_configs() -> None:
     cs.store(group="model", name="tree_crf_schema", node=TreeCRFConfig)
     cs.store(group="model", name="rta_schema", node=RTAConfig)
     cs.store(group="model", name="mam_schema", node=MAMConfig)
+    cs.store(group="model", name="logistic_schema", node=LogisticConfig)
     cs.store(group="data", name="mulan_schema", node=MulanDataConfig)
     cs.store(group="data", name="synthetic_schema", node=SyntheticDataConfig)
     cs.store(group="data", name="tree_crf_synthetic_schema", node=TreeCRFSyntheticDataConfig)
+    cs.store(group="data", name="denoising_schema", node=DenoisingDataConfig)
     for name in mulan_datasets():  # data=<name> for every dataset of the Mulan catalog
         cs.store(group="data", name=name, node=MulanDataConfig(name=name))
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)

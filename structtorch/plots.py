@@ -15,7 +15,8 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from .graph import Graph  # noqa: E402
 
-__all__ = ["close_figure", "heatmap_figure", "per_label_figure", "structure_figure"]
+__all__ = ["close_figure", "grid_functions_figure", "grid_predictions_figure", "heatmap_figure", "per_label_figure",
+           "pixel_accuracy_figure", "structure_figure"]
 
 
 def structure_figure(graph: Graph, weights: torch.Tensor | None, label_names: list[str], title: str = "") -> Figure:
@@ -118,6 +119,63 @@ def per_label_figure(per_label: dict[str, torch.Tensor], label_names: list[str],
     ax.set_ylim(0, 1)
     ax.legend(loc="lower right")
     ax.set_title(title or "per-label test metrics")
+    fig.tight_layout()
+    return fig
+
+
+def grid_predictions_figure(noisy: torch.Tensor, y: torch.Tensor, y_hat: torch.Tensor, height: int, width: int,
+                            title: str = "") -> Figure:
+    """Rows of images: true labels, noisy input, prediction. noisy [M, n] float, y / y_hat [M, n], n = h * w."""
+    rows = [("labels", y), ("input", noisy), ("prediction", y_hat)]
+    m = len(y)
+    fig, axes = plt.subplots(3, m, figsize=(2.2 * m, 6.6), squeeze=False)
+    for r, (name, images) in enumerate(rows):
+        for c in range(m):
+            ax = axes[r][c]
+            ax.imshow(images[c].float().reshape(height, width).numpy(), cmap="gray", vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c == 0:
+                ax.set_ylabel(name)
+        if r == 2:
+            for c in range(m):
+                err = float((y_hat[c] != y[c]).float().mean())
+                axes[r][c].set_xlabel(f"error {err:.3f}")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def pixel_accuracy_figure(accuracy: torch.Tensor, height: int, width: int, title: str = "") -> Figure:
+    """Per-pixel accuracy [n] (n = h * w) as an h x w image."""
+    fig, ax = plt.subplots(figsize=(5, 4.5))
+    im = ax.imshow(accuracy.float().reshape(height, width).numpy(), cmap="viridis", vmin=0, vmax=1)
+    fig.colorbar(im, ax=ax, label="accuracy")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def grid_functions_figure(energy, title: str = "", points: int = 101) -> Figure:
+    """A grid energy's unary and pairwise scores (``energy.unary_fn`` / ``pairwise_fn``, ``num_states`` K)
+    against the first feature on [0, 1], the other features at 1 (Domke's features: one value + a constant)."""
+    K = energy.num_states
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    t = torch.linspace(0, 1, points)
+    for ax, fn, name in ((axes[0], energy.unary_fn, "unary"), (axes[1], energy.pairwise_fn, "pairwise")):
+        x = torch.ones(points, fn.in_features)
+        x[:, 0] = t
+        with torch.no_grad():
+            p = next(fn.parameters(), None)
+            scores = energy.scale * fn(x.to(p.device if p is not None else "cpu")).float().cpu()
+        for s in range(scores.shape[1]):
+            label = f"y={s}" if name == "unary" else f"(y_i, y_j)=({s // K}, {s % K})"
+            ax.plot(t.tolist(), scores[:, s].tolist(), label=label)
+        ax.set_xlabel(f"{name} feature")
+        ax.set_ylabel("energy")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
     fig.tight_layout()
     return fig
 

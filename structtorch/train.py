@@ -30,7 +30,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from .config import register_configs
-from .data import MultilabelDataModule, SyntheticDataModule, TreeCRFSyntheticDataModule
+from .data import DenoisingDataModule, MultilabelDataModule, SyntheticDataModule, TreeCRFSyntheticDataModule
 from .data.download import DownloadError
 from .learners import LEARNERS, StructuredLearner
 from .plots import close_figure
@@ -66,7 +66,9 @@ def build_datamodule(data_cfg: DictConfig, processes: int = 1) -> L.LightningDat
         return SyntheticDataModule(**kwargs)
     if kind == "tree_crf_synthetic":
         return TreeCRFSyntheticDataModule(**kwargs)
-    raise ValueError(f"data.kind must be 'mulan', 'synthetic' or 'tree_crf_synthetic', got {kind!r}")
+    if kind == "denoising":
+        return DenoisingDataModule(**kwargs)
+    raise ValueError(f"data.kind must be 'mulan', 'synthetic', 'tree_crf_synthetic' or 'denoising', got {kind!r}")
 
 
 def build_learner(model_cfg: DictConfig, dm: L.LightningDataModule) -> StructuredLearner:
@@ -77,6 +79,13 @@ def build_learner(model_cfg: DictConfig, dm: L.LightningDataModule) -> Structure
         raise ValueError(f"model.name must be one of {sorted(LEARNERS)}, got {name!r}")
     num_features, num_labels = dm.num_features, dm.num_labels  # loads the data (and its label names)
     names = list(getattr(dm, "label_names", None) or []) or None
+    grid_data, grid_learner = getattr(dm, "is_grid", False), LEARNERS[name].grid_inputs
+    if grid_data != grid_learner:
+        raise ValueError(f"model={name} takes {'grid images' if grid_learner else 'multilabel vectors x [B, D]'}, "
+                         f"but the data are {'grid images' if grid_data else 'multilabel vectors'}: "
+                         + ("use a grid learner (model=logistic)" if grid_data else "use grid data (data=denoising)"))
+    if grid_data:
+        kwargs.update(dm.learner_inputs)  # grid size, per-edge features, states
     return LEARNERS[name](num_features=num_features, num_labels=num_labels, label_names=names, **kwargs)
 
 

@@ -94,7 +94,7 @@ def test_every_config_combination_composes(model, data, trainer, monkeypatch):
     assert {f.name for f in dataclasses.fields(ModelConfig)} <= set(cfg.model)
     assert set(cfg.model) - {"name", "tree"} <= params  # "tree" becomes FixedTree's edges in build_learner
     # data
-    assert cfg.data.kind in ("mulan", "synthetic", "tree_crf_synthetic")
+    assert cfg.data.kind in ("mulan", "synthetic", "tree_crf_synthetic", "denoising")
     assert isinstance(cfg.data.batch_size, int) and cfg.data.batch_size >= 1
     if cfg.data.kind == "mulan":
         assert cfg.data.name == (data if data != "mulan" else "emotions")
@@ -117,9 +117,13 @@ def test_every_experiment_config_composes(experiment, monkeypatch):
     assert cfg.model.name in LEARNERS and cfg.data.kind in ("mulan", "synthetic", "tree_crf_synthetic")
 
 
+GRID_SMALL = ["data=denoising", "data.num_train=2", "data.num_test=2", "data.height=5", "data.width=6"]
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_config_builds_a_learner(model):
-    cfg = small_cfg(f"model={model}")
+    grid = LEARNERS[compose_cfg([f"model={model}"]).model.name].grid_inputs  # grid images, not vectors
+    cfg = compose_cfg([f"model={model}", *GRID_SMALL]) if grid else small_cfg(f"model={model}")
     dm = build_datamodule(cfg.data)
     learner = build_learner(cfg.model, dm)
     assert isinstance(learner, LEARNERS[cfg.model.name])

@@ -1,7 +1,8 @@
 """Data: ARFF / Mulan loading (any Mulan dataset by name, downloaded with checksums), the synthetic
 CRANK generator, the synthetic tree-CRF generator of Bradley & Guestrin (2010), and LightningDataModules.
 
-Batches are tuples ``(x [B, D] float32, y [B, L] int64 in {0, 1})``.
+Batches are tuples ``(x [B, D] float32, y [B, L] int64 in {0, 1}, index [B])``; grid data (``data.grid``,
+Domke's denoising images) give ``(GridInputs, y [B, h * w], index [B])``.
 """
 
 from .arff import ArffAttribute, ArffData, load_arff
@@ -13,7 +14,9 @@ from .datamodule import (
     kfold_indices,
     train_val_indices,
 )
+from .denoising import DenoisingImages, denoising_images
 from .download import DownloadError, fetch_mulan, fill_cache_from, mulan_cache_dir, mulan_datasets
+from .grid import DenoisingDataModule, GridDataModule, GridDataset
 from .mulan import MULAN_URL, MulanData, arff_to_multilabel, load_mulan, load_mulan_splits, read_mulan_labels
 from .synthetic import CrankSynthetic, crank_potentials, crank_synthetic, pruefer_decode, random_tree
 from .tree_crf_synthetic import TreeCRFSynthetic, random_attachment_tree, tree_crf_synthetic
@@ -23,7 +26,11 @@ __all__ = [
     "ArffAttribute",
     "ArffData",
     "CrankSynthetic",
+    "DenoisingDataModule",
+    "DenoisingImages",
     "DownloadError",
+    "GridDataModule",
+    "GridDataset",
     "MulanData",
     "MultilabelDataModule",
     "Standardizer",
@@ -33,6 +40,7 @@ __all__ = [
     "arff_to_multilabel",
     "crank_potentials",
     "crank_synthetic",
+    "denoising_images",
     "fetch_mulan",
     "fill_cache_from",
     "kfold_indices",

@@ -2,7 +2,11 @@
 
 from .base import Energy
 from .ensemble import TreeEnsembleEnergy
+from .functions import FUNCTIONS, ConstantFunction, LinearFunction, LocalFunction, ZeroFunction, make_function
+from .grid import GridEnergy
 from .linear import FinleyJoachimsEnergy, LinearTableEnergy
 from .local import LocalLinearEnergy
 
-__all__ = ["Energy", "FinleyJoachimsEnergy", "LinearTableEnergy", "LocalLinearEnergy", "TreeEnsembleEnergy"]
+__all__ = ["FUNCTIONS", "ConstantFunction", "Energy", "FinleyJoachimsEnergy", "GridEnergy", "LinearFunction",
+           "LinearTableEnergy", "LocalFunction", "LocalLinearEnergy", "TreeEnsembleEnergy", "ZeroFunction",
+           "make_function"]

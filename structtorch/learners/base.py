@@ -92,6 +92,9 @@ class StructuredLearner(L.LightningModule):
         label_names: names of the n labels (pictures, metrics.json); default "y0", "y1", ...
     """
 
+    #: True for learners of grid images (batches of ``GridInputs``, see ``structtorch.data.grid``)
+    grid_inputs: bool = False
+
     def __init__(
         self,
         num_features: int,
