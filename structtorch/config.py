@@ -103,7 +103,7 @@ class RTAConfig(ModelConfig):
     k_max: Any = None  # int or None: max(k, min(2 * number of labels, 32))
     seed: int = 0
     normalize: bool = True
-    margin: str = "zero_one"
+    margin: str = "hamming"  # hamming | zero_one (Def. 6: margin 1 against the worst violator)
     l2: Any = 1e-4
     bias_reg: float = 1.0
 

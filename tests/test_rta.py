@@ -167,7 +167,8 @@ def trainer(tmp_path=None, epochs: int = 300) -> L.Trainer:
 
 @pytest.fixture(scope="module")
 def rta(small) -> tuple[RTA, L.Trainer]:
-    model = RTA(small.num_features, small.num_labels, num_trees=5, k=2, l2=1e-3, normalize=False, tol=1e-2)
+    model = RTA(small.num_features, small.num_labels, num_trees=5, k=2, l2=1e-3, normalize=False, tol=1e-2,
+                margin="zero_one")
     t = trainer()
     t.fit(model, datamodule=small)
     return model, t
@@ -212,8 +213,8 @@ def test_rta_trees_come_back_from_the_seed(small, tmp_path):
 
 
 def test_rta_gradient_solver_and_hamming_margin(small):
-    """The same hinge by Adam, and the Hamming-rescaled variant by BCFW, both learn."""
-    for kwargs in ({"solver": "adam", "lr": 0.05}, {"margin": "hamming"}):
+    """The 0/1-margin hinge by Adam, and the Hamming-rescaled variant (the default) by BCFW, both learn."""
+    for kwargs in ({"solver": "adam", "lr": 0.05, "margin": "zero_one"}, {"margin": "hamming"}):
         model = RTA(small.num_features, small.num_labels, num_trees=3, k=2, l2=1e-2, normalize=False, **kwargs)
         t = trainer(epochs=40)
         t.fit(model, datamodule=small)
