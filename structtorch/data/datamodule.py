@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from .download import fetch_mulan, mulan_datasets, mulan_files
 from .mulan import load_mulan_splits
@@ -141,7 +141,42 @@ class Shard(DistributedSampler):
         return len(range(self.rank, self.n, self.num_replicas))
 
 
-class _TensorDataModule(L.LightningDataModule):
+class EpochLoaders(L.LightningDataModule):
+    """The loaders every datamodule shares: shuffled per epoch (``EpochShuffle``) for training, sharded across
+    processes for evaluation. Subclasses hold ``data_train`` / ``data_val`` / ``data_test`` datasets, ``seed``,
+    ``batch_size``, ``num_workers``, a ``_ready()`` that sets them up, and optionally ``collate_fn``."""
+
+    collate_fn = None
+
+    def _loader(self, data: Dataset, shuffle: bool) -> DataLoader:
+        trainer = getattr(self, "trainer", None)
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        if shuffle:
+            sampler = EpochShuffle(len(data), self.seed, self.batch_size, world, rank)
+        else:
+            sampler = Shard(len(data), world, rank) if world > 1 else None
+        return DataLoader(data, batch_size=self.batch_size, sampler=sampler,
+                          collate_fn=self.collate_fn, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        self._ready()
+        return self._loader(self.data_train, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader | list:
+        """The validation loader; an empty list (Lightning skips validation) when val_fraction == 0."""
+        self._ready()
+        return self._loader(self.data_val, shuffle=False) if len(self.data_val) else []
+
+    def test_dataloader(self) -> DataLoader:
+        self._ready()
+        return self._loader(self.data_test, shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.test_dataloader()
+
+
+class _TensorDataModule(EpochLoaders):
     """Shared logic: split train/val (seeded), optional k-fold, standardise, build loaders.
 
     Subclasses implement ``_load() -> (x_train, y_train, x_test, y_test, feature_names, label_names)``.
@@ -222,32 +257,6 @@ class _TensorDataModule(L.LightningDataModule):
         return self.data_test.tensors[:2]
 
     # ------------------------------------------------------------------ loaders
-    def _loader(self, data: TensorDataset, shuffle: bool) -> DataLoader:
-        trainer = getattr(self, "trainer", None)
-        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        if shuffle:
-            sampler = EpochShuffle(len(data), self.seed, self.batch_size, world, rank)
-        else:
-            sampler = Shard(len(data), world, rank) if world > 1 else None
-        return DataLoader(data, batch_size=self.batch_size, sampler=sampler,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        self._ready()
-        return self._loader(self.data_train, shuffle=True)
-
-    def val_dataloader(self) -> DataLoader | list:
-        """The validation loader; an empty list (Lightning skips validation) when val_fraction == 0."""
-        self._ready()
-        return self._loader(self.data_val, shuffle=False) if len(self.data_val) else []
-
-    def test_dataloader(self) -> DataLoader:
-        self._ready()
-        return self._loader(self.data_test, shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self.test_dataloader()
-
 
 class MultilabelDataModule(_TensorDataModule):
     """A Mulan multi-label dataset by name (``load_mulan_splits``): downloaded into the verified cache

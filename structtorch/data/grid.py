@@ -7,12 +7,11 @@ state such as Domke's messages). ``learner_inputs`` tells ``train.build_learner`
 
 from __future__ import annotations
 
-import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from ..inputs import GridInputs
-from .datamodule import EpochShuffle, Shard, train_val_indices
+from .datamodule import EpochLoaders, train_val_indices
 from .denoising import DenoisingImages, denoising_images
 
 __all__ = ["DenoisingDataModule", "GridDataModule", "GridDataset"]
@@ -38,13 +37,14 @@ class GridDataset(Dataset):
         return GridInputs(torch.stack(u), torch.stack(p)), torch.stack(y), torch.tensor(i, dtype=torch.long)
 
 
-class GridDataModule(L.LightningDataModule):
+class GridDataModule(EpochLoaders):
     """Per-pixel K-state labels on an h x w 4-connected grid; subclasses implement ``_load``.
 
     ``_load() -> (train: DenoisingImages-like, test)`` with fields unary, pairwise, y, height, width.
     A seeded ``val_fraction`` of the training images is held out for validation (default none).
     """
 
+    collate_fn = staticmethod(GridDataset.collate)
     is_grid = True
 
     def __init__(self, batch_size: int = 16, val_fraction: float = 0.0, seed: int = 0, num_workers: int = 0,
@@ -109,32 +109,6 @@ class GridDataModule(L.LightningDataModule):
     def test_tensors(self) -> tuple[GridInputs, torch.Tensor]:
         self._ready()
         return self.data_test.inputs, self.data_test.y
-
-    def _loader(self, data: GridDataset, shuffle: bool) -> DataLoader:
-        trainer = getattr(self, "trainer", None)
-        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        if shuffle:
-            sampler = EpochShuffle(len(data), self.seed, self.batch_size, world, rank)
-        else:
-            sampler = Shard(len(data), world, rank) if world > 1 else None
-        return DataLoader(data, batch_size=self.batch_size, sampler=sampler, collate_fn=GridDataset.collate,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        self._ready()
-        return self._loader(self.data_train, shuffle=True)
-
-    def val_dataloader(self) -> DataLoader | list:
-        """The validation loader; an empty list (Lightning skips validation) when val_fraction == 0."""
-        self._ready()
-        return self._loader(self.data_val, shuffle=False) if len(self.data_val) else []
-
-    def test_dataloader(self) -> DataLoader:
-        self._ready()
-        return self._loader(self.data_test, shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self.test_dataloader()
 
 
 class DenoisingDataModule(GridDataModule):
