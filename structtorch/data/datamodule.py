@@ -148,6 +148,10 @@ class EpochLoaders(L.LightningDataModule):
 
     collate_fn = None
 
+    def _ready(self) -> None:
+        if self.data_train is None:
+            self.setup()
+
     def _loader(self, data: Dataset, shuffle: bool) -> DataLoader:
         trainer = getattr(self, "trainer", None)
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
@@ -223,10 +227,6 @@ class _TensorDataModule(EpochLoaders):
         self.data_train = _indexed(prep(x_tr), y_tr)
         self.data_val = _indexed(prep(x_va), y_va)
         self.data_test = _indexed(prep(x_te), y_te)
-
-    def _ready(self) -> None:
-        if self.data_train is None:
-            self.setup()
 
     @property
     def num_features(self) -> int:

@@ -76,10 +76,6 @@ class GridDataModule(EpochLoaders):
         self.data_val = GridDataset(train.unary[va], train.pairwise[va], train.y[va])
         self.data_test = GridDataset(test.unary, test.pairwise, test.y)
 
-    def _ready(self) -> None:
-        if self.data_train is None:
-            self.setup()
-
     @property
     def num_features(self) -> int:
         """Du, the unary features per pixel."""
