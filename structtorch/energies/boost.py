@@ -1,23 +1,28 @@
-"""Boosted regression trees as a local function class (Domke 2013, Sec. 8), by xgboost (optional extra:
-``pip install structtorch[boost]``).
+"""Boosted regression trees as a local function class (Domke 2013, Sec. 8), trees induced by xgboost
+(optional extra: ``pip install structtorch[boost]``).
 
-Each fit adds ``rounds`` boosting rounds (one regression tree per state) to the ensemble, continuing from
-the current trees with the rows' biases as xgboost's per-row base margins, so the trees are grown on the
-gradient of the *biased* logistic loss (eq. 13) at (current function + bias). As in the paper: shrinkage
-.25, leaf values set by a step on the logistic loss, and every leaf holding at least ~5% of the data, here
-as xgboost's ``min_child_weight`` = 5% of the fit's total hessian (xgboost bounds leaves by hessian weight,
-not by row count). The paper optimises the leaf values; xgboost takes one Newton step per leaf, which
-diverges here (the biases saturate many rows' probabilities: gradient ~1, hessian ~0), so leaf steps are
-capped (``max_delta_step`` = 5, L2 ``lambda`` = 1): stable, but slower than the paper's boosting. No row
-subsampling (deterministic).
+Each fit adds one boosting round as the paper describes it (stochastic gradient boosting):
+
+1. the gradient of the biased logistic loss (eq. 13) at (current function + bias) is computed for every
+   row, and one regression tree per state is induced to fit it by least squares, every leaf holding at
+   least ``min_leaf`` (5%) of the rows (xgboost with a custom objective: gradient g, hessian 1, so a
+   leaf's weight is its row count and the split gain is the squared-error reduction);
+2. the leaf values of the new trees are optimised on the biased logistic loss itself (L-BFGS over the
+   C x leaves values, the other trees fixed);
+3. they are multiplied by the shrinkage .25 and the trees join the ensemble.
+
+xgboost only grows the trees and evaluates the ensemble; step 2's values are written into its model.
+No row subsampling (deterministic).
 """
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 
-from .functions import LocalFunction, _check_fit_args
+from .functions import LocalFunction, _check_fit_args, biased_logistic_loss, lbfgs_fit
 
 __all__ = ["BoostedTrees", "boost_available"]
 
@@ -45,21 +50,24 @@ class BoostedTrees(LocalFunction):
 
     The ensemble is kept as xgboost's serialised model in the uint8 buffer ``model`` (checkpointed);
     predictions run on the CPU and come back on the input's device.
+
+    shrinkage: factor on each round's optimised leaf values; min_leaf: smallest leaf, as a fraction of the
+    fit's rows; leaf_iters: L-BFGS iterations of the leaf-value optimisation.
     """
 
-    def __init__(self, in_features: int, out_features: int, rounds: int = 1, shrinkage: float = 0.25,
-                 min_leaf: float = 0.05, max_depth: int = 6, seed: int = 0) -> None:
+    def __init__(self, in_features: int, out_features: int, shrinkage: float = 0.25, min_leaf: float = 0.05,
+                 leaf_iters: int = 20, seed: int = 0) -> None:
         super().__init__(in_features, out_features)
         _xgb()
         if out_features < 2:
             raise ValueError(f"BoostedTrees needs >= 2 states (a softmax), got out_features={out_features}")
-        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-            raise ValueError(f"BoostedTrees: rounds must be a positive int, got {rounds!r}")
-        self.rounds, self.seed = rounds, seed
-        self.params = {"objective": "multi:softprob", "num_class": out_features, "eta": shrinkage,
-                       "max_depth": max_depth, "tree_method": "hist", "nthread": 1, "seed": seed,
-                       "lambda": 1.0, "max_delta_step": 5.0, "base_score": 0.0}
-        self.min_leaf = float(min_leaf)
+        if not 0 < min_leaf < 0.5:
+            raise ValueError(f"BoostedTrees: min_leaf must be a fraction in (0, 0.5), got {min_leaf!r}")
+        self.shrinkage, self.min_leaf, self.leaf_iters = float(shrinkage), float(min_leaf), int(leaf_iters)
+        # lossguide without depth or leaf limits: only min_leaf bounds the tree, as in the paper
+        self.params = {"num_class": out_features, "eta": 1.0, "lambda": 0.0, "tree_method": "hist",
+                       "grow_policy": "lossguide", "max_depth": 0, "max_leaves": 0, "nthread": 1, "seed": seed,
+                       "base_score": 0.0, "disable_default_eval_metric": 1}
         self.register_buffer("model", torch.zeros(0, dtype=torch.uint8))
         self._booster = None  # deserialised from ``model`` on first use
 
@@ -89,13 +97,41 @@ class BoostedTrees(LocalFunction):
             generator: torch.Generator | None = None) -> float:
         _check_fit_args(self, x, bias, target)
         xgb = _xgb()
+        M, C = bias.shape
         with torch.no_grad():
-            p = torch.softmax((self(x) + bias).double(), -1)
-            hessian = float((p * (1 - p)).sum()) / self.out_features  # per class, summed over rows
-        data = xgb.DMatrix(x.cpu().numpy(), label=target.cpu().numpy(), nthread=1,
-                           base_margin=bias.cpu().numpy().astype(np.float32))  # eq. (13): f + b
-        params = {**self.params, "min_child_weight": self.min_leaf * hessian}
-        booster = xgb.train(params, data, num_boost_round=self.rounds, xgb_model=self.booster())
-        self._booster = booster
-        self.model = torch.frombuffer(bytearray(booster.save_raw("ubj")), dtype=torch.uint8).to(self.model.device)
+            margin = (self(x) + bias).double()  # f + b of eq. (13)
+            gradient = torch.softmax(margin, -1) - torch.nn.functional.one_hot(target, C)
+        rows = xgb.DMatrix(x.cpu().numpy(), nthread=1, base_margin=bias.cpu().numpy().astype(np.float32))
+
+        def squared_error_fit(predt, data):  # step 1: least-squares trees on the (fixed) gradient
+            return gradient.cpu().numpy(), np.ones((M, C))
+
+        params = {**self.params, "min_child_weight": self.min_leaf * M}
+        booster = xgb.train(params, rows, num_boost_round=1, obj=squared_error_fit, xgb_model=self.booster())
+        rounds = booster.num_boosted_rounds()
+        leaf = booster[rounds - 1:rounds].predict(rows, pred_leaf=True).reshape(M, C)
+        values = self._leaf_values(margin, torch.from_numpy(leaf.astype(np.int64)).to(margin.device), target)
+        self._set_last_round(booster, values)
         return self._loss(x, bias, target)
+
+    def _leaf_values(self, margin: torch.Tensor, leaf: torch.Tensor, target: torch.Tensor) -> list[dict[int, float]]:
+        """Step 2: leaf values v minimising CE(margin + v[c, leaf[m, c]]) (margin [M, C], leaf [M, C] node ids),
+        times the shrinkage; one {node id: value} per state's tree."""
+        ids, dense = torch.unique(leaf, return_inverse=True)  # dense [M, C]: node ids renumbered
+        C = margin.shape[1]
+        v = torch.zeros(C, len(ids), dtype=margin.dtype, device=margin.device, requires_grad=True)
+        state = torch.arange(C, device=margin.device)
+        lbfgs_fit([v], lambda: biased_logistic_loss(v[state, dense], margin, target), self.leaf_iters)
+        v = self.shrinkage * v.detach().cpu()
+        return [{int(ids[j]): float(v[c, j]) for j in dense[:, c].unique().tolist()} for c in range(C)]
+
+    def _set_last_round(self, booster, values: list[dict[int, float]]) -> None:
+        """Write the optimised leaf values into the last round's C trees and keep the model."""
+        model = json.loads(booster.save_raw("json"))
+        trees = model["learner"]["gradient_booster"]["model"]["trees"][-len(values):]
+        for tree, leaf_value in zip(trees, values, strict=True):
+            for node, value in leaf_value.items():
+                tree["split_conditions"][node] = tree["base_weights"][node] = value
+        self._booster = _xgb().Booster(params={"nthread": 1}, model_file=bytearray(json.dumps(model).encode()))
+        raw = bytearray(self._booster.save_raw("ubj"))
+        self.model = torch.frombuffer(raw, dtype=torch.uint8).to(self.model.device)

@@ -11,17 +11,34 @@ gradient-boosted regression trees by xgboost, an optional extra).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 __all__ = ["FUNCTIONS", "ConstantFunction", "LinearFunction", "LocalFunction", "ZeroFunction", "biased_logistic_loss",
-           "make_function"]
+           "lbfgs_fit", "make_function"]
 
 
 def biased_logistic_loss(scores: torch.Tensor, bias: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean biased logistic loss (the negated objective of eq. 11): scores, bias [M, C], target [M] -> []."""
     return F.cross_entropy(scores + bias, target)
+
+
+def lbfgs_fit(params: list[torch.Tensor], loss: Callable[[], torch.Tensor], iters: int) -> None:
+    """Minimise ``loss()`` over ``params`` in place: ``iters`` full-batch L-BFGS iterations, strong Wolfe."""
+    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=iters, history_size=20, tolerance_grad=1e-9,
+                            tolerance_change=1e-12, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        value = loss()
+        value.backward()
+        return value
+
+    with torch.enable_grad():
+        opt.step(closure)
 
 
 def _check_fit_args(fn: LocalFunction, x: torch.Tensor, bias: torch.Tensor, target: torch.Tensor) -> None:
@@ -78,17 +95,7 @@ class _LBFGSFunction(LocalFunction):
     def fit(self, x, bias, target, generator=None) -> float:
         _check_fit_args(self, x, bias, target)
         x, bias = x.to(self.dtype), bias.to(self.dtype)
-        opt = torch.optim.LBFGS(list(self.parameters()), lr=1.0, max_iter=self.fit_iters, history_size=20,
-                                tolerance_grad=1e-9, tolerance_change=1e-12, line_search_fn="strong_wolfe")
-
-        def closure() -> torch.Tensor:
-            opt.zero_grad()
-            loss = biased_logistic_loss(self(x), bias, target)  # eq. (13)
-            loss.backward()
-            return loss
-
-        with torch.enable_grad():
-            opt.step(closure)
+        lbfgs_fit(list(self.parameters()), lambda: biased_logistic_loss(self(x), bias, target), self.fit_iters)
         return self._loss(x, bias, target)
 
     @property
