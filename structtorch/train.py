@@ -224,19 +224,13 @@ def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
         if model.cv_report is not None:
             metrics["cv"] = model.cv_report
         if cfg.test:
-            metrics["per_label"] = _per_label(model)
+            metrics["per_label"] = model.per_label_summary()
         (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
         _save_figures(model, out, cfg.test)
         log.info("%s", format_metrics(metrics))
         log.info("metrics: %s; pictures: %s", out / "metrics.json", ", ".join(
             str(out / f) for f in ("structure.png", "per_label.png") if (out / f).exists()))
     return metrics
-
-
-def _per_label(model: StructuredLearner) -> dict[str, dict[str, float]]:
-    stats = model.test_per_label
-    return {name: {"accuracy": float(stats["accuracy"][i]), "f1": float(stats["f1"][i]),
-                   "support": int(stats["support"][i])} for i, name in enumerate(model.label_names)}
 
 
 def _save_figures(model: StructuredLearner, out: Path, tested: bool) -> None:

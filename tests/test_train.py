@@ -236,6 +236,16 @@ def test_run_writes_metrics_json(overrides, tmp_path):
     assert written["structure"]["num_edges"] == (0 if cfg.model.name == "independent" else 4)
 
 
+
+def test_a_grid_run_summarises_its_pixels_in_metrics_json(tmp_path):
+    """Per-label entries would be one per pixel (10000 at 100x100): a grid learner writes a summary instead."""
+    cfg = compose_cfg(["model=logistic", *GRID_SMALL, "trainer.max_epochs=2", "logger=none"])
+    run(cfg, tmp_path)
+    per_pixel = json.loads((tmp_path / "metrics.json").read_text())["per_label"]
+    assert per_pixel["pixels"] == 30 and set(per_pixel) == {"pixels", "accuracy", "f1"}
+    acc = per_pixel["accuracy"]
+    assert 0.0 <= acc["min"] <= acc["mean"] <= acc["max"] <= 1.0
+
 def _tensorboard_tags(logdir: Path) -> set[str]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -423,6 +423,12 @@ class StructuredLearner(L.LightningModule):
                                 title=f"{type(self).__name__}: {self.graph.num_edges} edges "
                                       f"(width = |weight|, red > 0, blue < 0)")
 
+    def per_label_summary(self) -> dict[str, Any]:
+        """The last test run's accuracy, F1 and support of every label by name, for metrics.json."""
+        stats = self.test_per_label
+        return {name: {"accuracy": float(stats["accuracy"][i]), "f1": float(stats["f1"][i]),
+                       "support": int(stats["support"][i])} for i, name in enumerate(self.label_names)}
+
     def per_label_figure(self):
         """A matplotlib Figure of the last test run's per-label accuracy and F1."""
         return per_label_figure(self.test_per_label, self.label_names, f"{type(self).__name__}: per-label test")

@@ -259,6 +259,13 @@ class LogisticEnergy(StructuredLearner):
         return pixel_accuracy_figure(self.test_per_label["accuracy"], o["height"], o["width"],
                                      "LogisticEnergy: per-pixel test accuracy")
 
+    def per_label_summary(self) -> dict[str, Any]:
+        """Per-pixel test accuracy and F1 summarised over the H*W pixels (the per-pixel map: ``per_label.png``)."""
+        stats = self.test_per_label
+        return {"pixels": len(stats["accuracy"]), **{
+            k: {"mean": float(stats[k].mean()), "min": float(stats[k].min()), "max": float(stats[k].max())}
+            for k in ("accuracy", "f1")}}
+
     def structure_figure(self):
         """The learned functions against the first feature (others at 1, the constant), as Domke's Fig. 1."""
         o = self._opts
