@@ -212,6 +212,11 @@ def test_boosted_trees_lower_the_biased_logistic_loss_and_survive_a_checkpoint()
     copy = make_function("boost", 2, 2)
     copy.load_state_dict(fn.state_dict())
     torch.testing.assert_close(copy(x), fn(x))
+    fn.fit(x, bias, target)  # fn adds the new round to its cached scores of x; copy evaluates from scratch
+    copy.load_state_dict(fn.state_dict())
+    torch.testing.assert_close(copy(x), fn(x))
+    x[:, 0] = 1 - x[:, 0]  # changed in place: the cache must not answer
+    torch.testing.assert_close(fn(x), copy(x.clone()))
 
 
 @pytest.mark.slow

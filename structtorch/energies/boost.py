@@ -70,12 +70,13 @@ class BoostedTrees(LocalFunction):
                        "base_score": 0.0, "disable_default_eval_metric": 1}
         self.register_buffer("model", torch.zeros(0, dtype=torch.uint8))
         self._booster = None  # deserialised from ``model`` on first use
+        self._cache: dict = {}  # rows -> (rows, version, rounds evaluated, scores): see _margin
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
         saved = state_dict.get(prefix + "model")
         if saved is not None:  # the ensemble grows: take the checkpoint's size
             self.model = torch.empty_like(saved, device=self.model.device)
-        self._booster = None
+        self._booster, self._cache = None, {}
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def booster(self):
@@ -89,9 +90,24 @@ class BoostedTrees(LocalFunction):
         booster = self.booster()
         if booster is None:
             return x.new_zeros(shape)
-        data = _xgb().DMatrix(x.detach().reshape(-1, self.in_features).cpu().numpy(), nthread=1)
-        margin = booster.predict(data, output_margin=True).reshape(shape)
-        return torch.from_numpy(margin).to(device=x.device, dtype=x.dtype)
+        margin = self._margin(x.detach().reshape(-1, self.in_features), booster)
+        return margin.reshape(shape).to(device=x.device, dtype=x.dtype)
+
+    def _margin(self, x: torch.Tensor, booster) -> torch.Tensor:
+        """The ensemble's scores [M, C] on rows x [M, D], adding only the rounds grown since the last call on
+        the same tensor: Algorithm 1 evaluates the same training features several times per iteration, and
+        the ensemble grows by one round per fit. A cache entry holds its tensor, so its storage cannot be
+        freed and reused by another tensor of the same address; in-place changes bump ``_version``."""
+        key = (x.data_ptr(), x.shape, x.stride(), x.device)
+        rounds = booster.num_boosted_rounds()
+        held, version, done, margin = self._cache.get(key, (x, x._version, 0, None))
+        if held._version != version or margin is None:
+            done, margin = 0, torch.zeros(x.shape[0], self.out_features)
+        if done < rounds:
+            data = _xgb().DMatrix(x.cpu().numpy(), nthread=1)
+            margin = margin + torch.from_numpy(booster[done:rounds].predict(data, output_margin=True))
+        self._cache = {**dict(list(self._cache.items())[-3:]), key: (held, held._version, rounds, margin)}
+        return margin
 
     def fit(self, x: torch.Tensor, bias: torch.Tensor, target: torch.Tensor,
             generator: torch.Generator | None = None) -> float:

@@ -166,6 +166,7 @@ class LogisticEnergy(StructuredLearner):
         mean per-image objective after the iteration (this process's images)."""
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self._trainer is not None else (1, 0)
         mine = torch.arange(rank, len(index), world, device=index.device)  # this process's images
+        x_mine = x if world == 1 else x[mine]  # the same tensors when alone (function classes may cache on them)
         K, edges = self.energy.num_states, self.graph.edges.to(y.device)
         stats: dict[str, float] = {}
         with torch.no_grad():
@@ -179,9 +180,9 @@ class LogisticEnergy(StructuredLearner):
                     target = (y[:, edges[:, 0]] * K + y[:, edges[:, 1]]).flatten()
                     stats[part] = self.energy.pairwise_fn.fit(x.pairwise.flatten(0, 1), b_p.flatten(0, 1), target,
                                                               generator)
-                res = self.pass_messages(x[mine], y[mine], messages[mine])  # steps 3-4
+                res = self.pass_messages(x_mine, y[mine], messages[mine])  # steps 3-4
                 self.example_state.set("messages", index[mine], res.messages)
-            stats["objective"] = float((res.value - self.energy(x[mine]).score(y[mine])).mean())
+            stats["objective"] = float((res.value - self.energy(x_mine).score(y[mine])).mean())
         return stats
 
     # ------------------------------------------------------------------ Lightning (logistic: manual)
