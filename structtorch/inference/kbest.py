@@ -120,10 +120,10 @@ def _build_kbest_schedule(graph: Graph, compress: bool) -> _KBestSchedule:
 
 
 # Rough per-step and per-candidate costs (seconds), by device type: they only choose between two exact
-# schedules, never the result. CPU values fitted on chains and random trees (B = 64, K = 2, k in 1..64,
+# schedules, never the result. CPU values fitted on chains and random trees (B = 64, K = 2, k in 1..32,
 # n in 16..1024, one thread); CUDA values are guesses.
-_STEP_COST = {"cpu": 1.6e-4, "cuda": 6e-4}
-_CANDIDATE_COST = {"cpu": 2.5e-8, "cuda": 5e-11}
+_STEP_COST = {"cpu": 7e-5, "cuda": 6e-4}
+_CANDIDATE_COST = {"cpu": 1.1e-8, "cuda": 5e-11}
 
 
 def _cost(sched: _KBestSchedule, B: int, K: int, k: int, device: torch.device) -> float:
