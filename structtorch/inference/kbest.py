@@ -191,8 +191,8 @@ def _product_index(K: int, k: int, I: torch.Tensor, J: torch.Tensor) -> dict[str
 
 
 def _gather(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """t [S, B, *rest] flattened over rest, gathered at idx [S, B, k] -> [S, B, k]."""
-    return t.flatten(2).gather(-1, idx)
+    """t [S, B, *rest] flattened over rest, gathered at idx [S, B, k] -> [S, B, k] (int64)."""
+    return t.flatten(2).gather(-1, idx).long()
 
 
 def _take(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -205,6 +205,7 @@ def _kbest_program(u: torch.Tensor, p: torch.Tensor, sched: _KBestSchedule, k: i
     """Scores [G, B, k] and states [M, B, k] of the k best: the contraction, then backtracking.
 
     u [M, B, K], p [M, B, K, K]. Lists are the last dim: U [M, B, K, k], E [M, B, K(parent), K(v), k].
+    The tape keeps each step's top-k arguments as int32 (half the memory; they are below K k^2).
     """
     M, B, K = u.shape
     I, J = _rank_pairs(k, u.device)
@@ -225,14 +226,14 @@ def _kbest_program(u: torch.Tensor, p: torch.Tensor, sched: _KBestSchedule, k: i
             up = U.index_select(0, step.parent).index_select(-1, I) + lists.index_select(-1, J)
             new, arg_up = up.topk(k, -1)
             U.index_copy_(0, step.parent, new)
-            tape.append((arg_leaf, arg_up))
+            tape.append((arg_leaf.int(), arg_up.int()))
         else:
             a, arg_node = below.view(S, B, K, K, P).topk(k, -1)  # [S, B, K(parent), K(v), k]
             path = (a.flatten(2).index_select(-1, at["path_a"])
                     + E.index_select(0, step.child).flatten(2).index_select(-1, at["path_e"]))
             new, arg_path = path.view(S, B, K, K, K * P).topk(k, -1)  # [S, B, K(parent), K(child), k]
             E.index_copy_(0, step.child, new)
-            tape.append((arg_node, arg_path))
+            tape.append((arg_node.int(), arg_path.int()))
     scores = U.index_select(0, sched.roots)[:, :, 0]  # a super-root's single state
     return scores, _backtrack(sched, tape, I, J, B, K, k)
 
