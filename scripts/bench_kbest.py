@@ -11,7 +11,8 @@
     (scores only) and .topk(k) (the k best as edge one-hots, by autograd through the k-max
     semiring; timed only for k <= --topk-max-k, it takes seconds per call at k = 32); the
     k-best scores are checked to agree (float64) before timing. Ratios are torch-struct /
-    structtorch (> 1: structtorch is faster).
+    structtorch (> 1: structtorch is faster). ``steps``: the contraction steps of the schedule tree_kbest
+    chose (rake+compress: O(log n); rake-only: n), printed beside the times.
 
 Times are the best (min) of --repeats calls (3 for calls over a second) after one warm-up call
 (schedule cache, allocator), in milliseconds, float32. JSON: ``rows`` holds (b), ``scaling`` (a).
@@ -40,6 +41,7 @@ from benchutil import timeit, write_results
 
 import structtorch as st
 from structtorch import inference as inf
+from structtorch.inference.kbest import _cheapest_schedule
 from structtorch.structure import random_spanning_trees
 
 try:
@@ -125,28 +127,34 @@ def check_agreement(n: int, k: int, device: torch.device) -> float:
     return diff
 
 
-def versus_torch_struct(device, dtype, repeats, ns, ks, topk_max_k) -> list[dict]:
+def schedule_steps(graph: st.Graph, k: int, device: torch.device) -> tuple[int, str]:
+    """Steps of the schedule tree_kbest runs on graph at B = BATCH, K = K_STATES, and its kind."""
+    sched = _cheapest_schedule(graph, BATCH, K_STATES, k, device)
+    return len(sched.steps), "compress" if sched.num_compressed else "rake"
+
+
+def versus_torch_struct(device, dtype, repeats, sizes, topk_max_k) -> list[dict]:
     print(f"\n(b) chains, K={K_STATES}, B={BATCH}: structtorch tree_kbest vs torch-struct LinearChainCRF "
           f"(ratio = torch-struct / structtorch)")
-    print(f"{'n':>5} {'k':>4} | {'tree_kbest':>10} | {'kmax':>10} {'ratio':>7} | {'topk':>10} {'ratio':>7} |"
-          f" {'max|diff|':>9}")
+    print(f"{'n':>5} {'k':>4} | {'steps':>14} | {'tree_kbest':>10} | {'kmax':>10} {'ratio':>7} | {'topk':>10} "
+          f"{'ratio':>7} | {'max|diff|':>9}")
     rows = []
-    for n in ns:
-        for k in ks:
-            diff = check_agreement(n, k, device)
-            pot = random_potentials(st.Graph.chain(n), BATCH, K_STATES, device, dtype)
-            edge = to_torch_struct(pot.unary, pot.pairwise)
-            ours = 1e3 * timeit(lambda pot=pot, k=k: inf.tree_kbest(pot, k), device, repeats)
-            kmax = 1e3 * timeit(lambda edge=edge, k=k: LinearChainCRF(edge).kmax(k), device, repeats)
-            topk = 1e3 * timeit(lambda edge=edge, k=k: LinearChainCRF(edge).topk(k), device, repeats) \
-                if k <= topk_max_k else None
-            row = {"n": n, "k": k, "structtorch_ms": ours, "ts_kmax_ms": kmax, "ts_topk_ms": topk,
-                   "kmax_ratio": kmax / ours, "topk_ratio": None if topk is None else topk / ours,
-                   "max_abs_diff_f64": diff}
-            rows.append(row)
-            topk_cols = f"{'skipped':>10} {'':>7}" if topk is None else f"{topk:>10.3f} {topk / ours:>6.2f}x"
-            print(f"{n:>5} {k:>4} | {ours:>10.3f} | {kmax:>10.3f} {kmax / ours:>6.2f}x | {topk_cols} | "
-                  f"{diff:>9.1e}", flush=True)
+    for n, k in sizes:
+        diff = check_agreement(n, k, device)
+        pot = random_potentials(st.Graph.chain(n), BATCH, K_STATES, device, dtype)
+        edge = to_torch_struct(pot.unary, pot.pairwise)
+        ours = 1e3 * timeit(lambda pot=pot, k=k: inf.tree_kbest(pot, k), device, repeats)
+        kmax = 1e3 * timeit(lambda edge=edge, k=k: LinearChainCRF(edge).kmax(k), device, repeats)
+        topk = 1e3 * timeit(lambda edge=edge, k=k: LinearChainCRF(edge).topk(k), device, repeats) \
+            if k <= topk_max_k else None
+        steps, kind = schedule_steps(pot.graph, k, device)
+        row = {"n": n, "k": k, "steps": steps, "schedule": kind, "structtorch_ms": ours, "ts_kmax_ms": kmax,
+               "ts_topk_ms": topk, "kmax_ratio": kmax / ours, "topk_ratio": None if topk is None else topk / ours,
+               "max_abs_diff_f64": diff}
+        rows.append(row)
+        topk_cols = f"{'skipped':>10} {'':>7}" if topk is None else f"{topk:>10.3f} {topk / ours:>6.2f}x"
+        print(f"{n:>5} {k:>4} | {steps:>5} {kind:>8} | {ours:>10.3f} | {kmax:>10.3f} {kmax / ours:>6.2f}x | "
+              f"{topk_cols} | {diff:>9.1e}", flush=True)
     return rows
 
 
@@ -231,10 +239,11 @@ def main() -> None:
                       K=K_STATES)
         return
     if args.quick:
-        ns, ks, ts_ns, ts_ks, repeats = [16, 32, 64, 128], [1, 2, 4, 8, 16], [16, 64], [2, 8], min(args.repeats, 3)
+        ns, ks, repeats = [16, 32, 64, 128], [1, 2, 4, 8, 16], min(args.repeats, 3)
+        ts_sizes = [(n, k) for n in (16, 128) for k in (2, 8)]
     else:
-        ns, ks, ts_ns, ts_ks, repeats = [16, 32, 64, 128, 256, 512], [1, 2, 4, 8, 16, 32, 64], [16, 64, 256], \
-            [2, 8, 32], args.repeats
+        ns, ks, repeats = [16, 32, 64, 128, 256, 512], [1, 2, 4, 8, 16, 32, 64], args.repeats
+        ts_sizes = [(n, k) for n in (16, 128, 512, 1024) for k in (2, 8)] + [(16, 32), (128, 32)]
     print(f"device={device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor()})"
           f" torch={torch.__version__} threads={torch.get_num_threads()} dtype={args.dtype} repeats={repeats}")
     t0 = time.perf_counter()
@@ -243,7 +252,7 @@ def main() -> None:
         print("\n(b) skipped: torch-struct is not installed (pip install --no-deps torch-struct)")
         rows = []
     else:
-        rows = versus_torch_struct(device, dtype, repeats, ts_ns, ts_ks, args.topk_max_k)
+        rows = versus_torch_struct(device, dtype, repeats, ts_sizes, args.topk_max_k)
     total = time.perf_counter() - t0
     write_results(args.out, rows, device, sections={"scaling": scaled}, dtype=args.dtype, repeats=repeats,
                   K=K_STATES, B=BATCH, quick=args.quick, total_s=total)

@@ -1,6 +1,6 @@
 """Tree MAP, log Z and marginals on chains: structtorch vs torch-struct's LinearChainCRF, side by side.
 
-    python scripts/bench_tree.py [--device cuda] [--quick] [--repeats 5] [--threads 1]
+    python scripts/bench_tree.py [--device cuda] [--quick] [--repeats 5] [--threads 1] [--compile]
                                  [--out scripts/results/bench_tree.json]
 
 For every (B, n, K) both libraries get the same chain potentials (float32); times are the best
@@ -19,14 +19,28 @@ User-level rows as a user calls them with potentials already built:
   map / marg   ``tree_map(pot)`` / ``tree_marginals(pot)`` (under no_grad) vs ``.argmax`` / ``.marginals``
           (torch-struct computes both by autograd through its semiring scan, so it builds a graph).
 CPU runs default to one thread (--threads 0: torch's default): stable on a shared machine.
+
+The physical floor, measured in the same run: the copy bandwidth ``bw`` = 2 * bytes / seconds of the best
+``dst.copy_(src)`` of two 256 MiB float32 buffers (past the last-level cache; read and write both count),
+with the same threads. Per row, the bytes an op must move at the least (potentials read, outputs written):
+  map   (B n K + B E K K) * s  +  B * s + B n * 8      (score and the int64 assignment)
+  marg  (B n K + B E K K) * s  +  (B n K + B E K K) * s  (unary and pairwise marginals)
+with E = n - 1 and s = 4 (float32); achieved bytes/s = bytes / our time, and "x floor" = our time /
+(bytes / bw), how many times slower than copying that many bytes (1 = at the floor).
+
+``--compile``: issue #14's rows only, map and marg also with ``inference.set_compile(True)`` (torch.compile
+of the whole pass per schedule), timed after a first call that compiles (its seconds reported as
+``compile_s``, not in the times); written to ``bench_tree_compile.json`` beside --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 import warnings
 
 import torch
+import torch._dynamo
 from benchutil import timeit, write_results
 
 import structtorch as st
@@ -38,6 +52,22 @@ except ImportError:  # pragma: no cover - optional benchmark dependency
     LinearChainCRF = None
 
 OPS = ("score", "logz", "map_b", "marg_b", "map", "marg")
+#: the rows of issue #14's table, timed beside the (B, n, K) grid
+ISSUE_SIZES = [(64, 16, 2), (256, 128, 2), (1024, 128, 2), (64, 1024, 2), (256, 128, 8)]
+COPY_BYTES = 1 << 28
+
+
+def copy_bandwidth(device: torch.device, repeats: int) -> float:
+    """Bytes/s of the best ``dst.copy_(src)`` of two COPY_BYTES float32 buffers: read + write."""
+    src = torch.rand(COPY_BYTES // 4, device=device)
+    dst = torch.empty_like(src)
+    return 2 * COPY_BYTES / timeit(lambda: dst.copy_(src), device, repeats)
+
+
+def traffic(B: int, n: int, K: int, itemsize: int = 4) -> dict:
+    """Least bytes moved by MAP and by marginals on a chain: potentials read plus outputs written."""
+    potentials = (B * n * K + B * (n - 1) * K * K) * itemsize
+    return {"map": potentials + B * itemsize + B * n * 8, "marg": 2 * potentials}
 
 
 def to_torch_struct(unary: torch.Tensor, pairwise: torch.Tensor) -> torch.Tensor:
@@ -94,7 +124,24 @@ def calls(unary: torch.Tensor, pairwise: torch.Tensor, graph: st.Graph, edge: to
     }
 
 
-def run(device: torch.device, sizes: list[tuple[int, int, int]], repeats: int) -> list[dict]:
+def compiled_times(row: dict, ours: dict, device: torch.device, repeats: int, bandwidth: float) -> None:
+    """map / marg with set_compile(True) into row: compile seconds (the first calls), times, ratios, x floor."""
+    inf.set_compile(True)
+    try:
+        t = time.perf_counter()
+        for op in ("map", "marg"):
+            ours[op]()
+        row["compile_s"] = time.perf_counter() - t
+        for op in ("map", "marg"):
+            row[f"{op}_compiled_st"] = timeit(ours[op], device, repeats)
+            row[f"{op}_compiled_ratio"] = row[f"{op}_ts"] / row[f"{op}_compiled_st"]
+            row[f"{op}_compiled_floor_x"] = bandwidth * row[f"{op}_compiled_st"] / row[f"{op}_bytes"]
+    finally:
+        inf.set_compile(False)
+
+
+def run(device: torch.device, sizes: list[tuple[int, int, int]], repeats: int, bandwidth: float,
+        compiled: bool = False) -> list[dict]:
     rows = []
     for B, n, K in sizes:
         gen = torch.Generator().manual_seed(0)
@@ -103,14 +150,26 @@ def run(device: torch.device, sizes: list[tuple[int, int, int]], repeats: int) -
         graph = st.Graph.chain(n)
         edge = to_torch_struct(unary, pairwise)
         row = {"B": B, "n": n, "K": K, **check(st.Potentials(unary, pairwise, graph), edge)}
-        for op, (ours, theirs) in calls(unary, pairwise, graph, edge).items():
+        fns = calls(unary, pairwise, graph, edge)
+        for op, (ours, theirs) in fns.items():
             row[f"{op}_st"] = timeit(ours, device, repeats)
             row[f"{op}_ts"] = timeit(theirs, device, repeats)
             row[f"{op}_ratio"] = row[f"{op}_ts"] / row[f"{op}_st"]
+        for op, nbytes in traffic(B, n, K).items():
+            row[f"{op}_bytes"] = nbytes
+            row[f"{op}_bytes_per_s"] = nbytes / row[f"{op}_st"]
+            row[f"{op}_floor_x"] = bandwidth / row[f"{op}_bytes_per_s"]
+        if compiled:
+            compiled_times(row, {op: fns[op][0] for op in ("map", "marg")}, device, repeats, bandwidth)
         rows.append(row)
         print(f"{B:>5} {n:>5} {K:>2} | " + " ".join(f"{row[f'{op}_ratio']:7.2f}" for op in OPS)
               + f" | {row['map_st'] * 1e3:8.2f} {row['marg_st'] * 1e3:8.2f}"
-              + f" | {row['marg_err_st']:.1e} {row['marg_err_ts']:.1e}", flush=True)
+              + f" | {row['map_bytes_per_s'] / 1e9:6.3f} {row['marg_bytes_per_s'] / 1e9:6.3f}"
+              + f" | {row['map_floor_x']:7.0f} {row['marg_floor_x']:7.0f}"
+              + f" | {row['marg_err_st']:.1e} {row['marg_err_ts']:.1e}"
+              + ("" if not compiled else f" | compiled {row['compile_s']:5.1f} s: {row['map_compiled_ratio']:6.2f}"
+                 f" {row['marg_compiled_ratio']:6.2f} x floor {row['map_compiled_floor_x']:5.0f}"
+                 f" {row['marg_compiled_floor_x']:5.0f}"), flush=True)
     return rows
 
 
@@ -120,6 +179,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--quick", action="store_true", help="small sizes only (smoke test)")
+    ap.add_argument("--compile", action="store_true", help="issue #14's rows, also with inference.set_compile(True)")
     ap.add_argument("--out", default="scripts/results/bench_tree.json")
     args = ap.parse_args()
     if LinearChainCRF is None:
@@ -130,11 +190,28 @@ def main() -> None:
     device = torch.device(args.device)
     Bs, ns, Ks = ([1, 64], [16, 128], [2]) if args.quick else ([1, 64, 1024], [16, 128, 1024], [2, 8])
     sizes = [(B, n, K) for B in Bs for n in ns for K in Ks]
+    sizes += [] if args.quick else [s for s in ISSUE_SIZES if s not in sizes]
+    if args.compile:
+        torch._dynamo.config.recompile_limit = 64  # every row's schedule compiles its own program
+        sizes = ISSUE_SIZES
     print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()} repeats={args.repeats}")
+    bandwidth = copy_bandwidth(device, args.repeats)
+    print(f"copy bandwidth (the floor): {bandwidth / 1e9:.2f} GB/s (read + write, {COPY_BYTES >> 20} MiB buffers)")
     print("    B     n  K | ratio torch-struct / structtorch: " + " ".join(f"{op:>7}" for op in OPS)
-          + " | ms ours: map marg | marginal error vs float64: ours torch-struct")
-    rows = run(device, sizes, args.repeats)
-    write_results(args.out, rows, device, repeats=args.repeats, dtype="float32")
+          + " | ms ours:  map     marg | GB/s: map   marg | x floor: map   marg"
+          + " | marginal error vs float64: ours torch-struct")
+    rows = run(device, sizes, args.repeats, bandwidth, args.compile)
+    print("\nissue #14 rows (torch-struct / structtorch; x above the copy floor):")
+    print("    B     n  K |     map    marg | floor x: map    marg")
+    for row in rows:
+        if (row["B"], row["n"], row["K"]) in ISSUE_SIZES:
+            print(f"{row['B']:>5} {row['n']:>5} {row['K']:>2} | {row['map_ratio']:6.2f}x {row['marg_ratio']:6.2f}x"
+                  f" | {row['map_floor_x']:10.0f} {row['marg_floor_x']:7.0f}"
+                  + ("" if not args.compile else f" | compiled: {row['map_compiled_ratio']:6.2f}x "
+                     f"{row['marg_compiled_ratio']:6.2f}x, floor x {row['map_compiled_floor_x']:4.0f} "
+                     f"{row['marg_compiled_floor_x']:4.0f}, compile {row['compile_s']:5.1f} s"))
+    out = args.out.replace(".json", "_compile.json") if args.compile else args.out
+    write_results(out, rows, device, repeats=args.repeats, dtype="float32", copy_bytes_per_s=bandwidth)
 
 
 if __name__ == "__main__":

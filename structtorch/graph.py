@@ -211,12 +211,15 @@ class Graph:
     # ------------------------------------------------------------------ tree schedule
     def require_forest(self, op: str) -> None:
         """ValueError naming ``op`` (and the first offending member of an ensemble) unless acyclic."""
+        if self._cache.get("forest"):  # checked once: a graph never changes
+            return
         for t, (e, c) in enumerate(zip(self._edge_lists(), self._components())):
             if len(e) + int(c.max()) + 1 != self.num_nodes:
                 where = f"member {t} of the ensemble {self!r}" if self.is_ensemble else f"the graph {self!r}"
                 raise ValueError(f"{op} needs a tree or forest, but {where} has a cycle "
                                  f"(|E| = {len(e)} > n - #components = {self.num_nodes - int(c.max()) - 1}); "
                                  f"use smoothed_lp or brute_force_* for loopy graphs")
+        self._cache["forest"] = True
 
     def require_spanning_trees(self, op: str) -> None:
         """ValueError naming ``op`` unless this is an ensemble of spanning trees: edges [T, n-1, 2], every

@@ -582,3 +582,48 @@ def test_ensemble_map_on_one_node():
     pot = Potentials(torch.tensor([[0.5, 2.0, -1.0]], dtype=torch.float64), torch.zeros(1, 3, 0, 3, 3).double(), g)
     y, score, certified, _ = ensemble_map(pot, 2)
     assert y.tolist() == [[1]] and score.tolist() == [2.0] and certified.tolist() == [True]
+
+
+# ---------------------------------------------------------------------- both contraction schedules
+SCHEDULES = ["compress", "rake_only"]
+
+
+def forced_schedule(name: str):
+    """Force tree_kbest's schedule: rake+compress (per-step cost dominates) or rake-only (per-candidate cost
+    dominates)."""
+    from unittest import mock
+
+    from structtorch.inference import kbest
+
+    step, candidate = (1.0, 0.0) if name == "compress" else (0.0, 1.0)
+    return mock.patch.multiple(kbest, _STEP_COST={"cpu": step}, _CANDIDATE_COST={"cpu": candidate})
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@settings(max_examples=100, **SETTINGS)
+@given(graph=forests(), params=potential_params(), use_exclude=hst.booleans(), data=hst.data())
+def test_tree_kbest_each_schedule_matches_brute_force(schedule, graph, params, use_exclude, data):
+    pot = random_potentials(graph, **params)
+    k = data.draw(k_values(params["K"] ** graph.num_nodes), label="k")
+    exclude = torch.randint(0, params["K"], (*params["batch"], graph.num_nodes),
+                            generator=torch.Generator().manual_seed(params["seed"])) if use_exclude else None
+    with forced_schedule(schedule):
+        scores, ys = tree_kbest(pot, k, exclude=exclude)
+    ref = brute_force_kbest(pot, k)[0] if exclude is None else kbest_excluding(pot, k, exclude)
+    torch.testing.assert_close(scores, ref, **TOL)
+    check_assignments(pot, k, scores, ys, exclude)
+
+
+@pytest.mark.parametrize("n", [2, 9, 40])
+def test_tree_kbest_schedules_agree_on_long_chains(n):
+    """Chains (many compress rounds) with ties and -inf: both schedules give the same scores (brute force
+    where it is small enough) and valid, distinct assignments."""
+    pot = random_potentials(Graph.chain(n), 2, (3,), seed=n, inf_prob=0.05, ties=True)
+    out = {}
+    for schedule in SCHEDULES:
+        with forced_schedule(schedule):
+            out[schedule] = tree_kbest(pot, 6)
+        check_assignments(pot, 6, *out[schedule])
+    torch.testing.assert_close(out["compress"][0], out["rake_only"][0], **TOL)
+    if n <= 12:
+        torch.testing.assert_close(out["compress"][0], brute_force_kbest(pot, 6)[0], **TOL)

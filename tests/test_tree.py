@@ -730,3 +730,60 @@ def test_tree_max_marginals_equal_enumeration(pot):
     mm = inf.tree_max_marginals(pot, chunk_elements=7)  # tiny chunks: the chunked path too
     assert mm.shape == ref.shape
     assert_same_values(mm, ref, pot.dtype)
+
+
+# ---------------------------------------------------------------------- the compiled passes (set_compile)
+@pytest.fixture
+def compiled():
+    """tree_map / tree_logz / tree_marginals through torch.compile; failing loudly rather than falling back to
+    eager when dynamo's recompile limit is hit (every schedule here compiles its own program)."""
+    import torch._dynamo
+
+    inf.set_compile(True)
+    try:
+        with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
+            yield
+    finally:
+        inf.set_compile(False)
+
+
+COMPILE_GRAPHS = {
+    "chain": (Graph.chain(8), torch.float64),
+    "chain-float32": (Graph.chain(8), torch.float32),
+    "star": (Graph.star(6), torch.float64),
+    "forest": (Graph(7, [[0, 1], [2, 1], [1, 3], [5, 6]]), torch.float64),
+    "ensemble": (ENSEMBLE, torch.float64),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPILE_GRAPHS))
+def test_compiled_passes_match_brute_force(compiled, name):
+    graph, dtype = COMPILE_GRAPHS[name]
+    check_against_brute_force(make_potentials(graph, 3, (2,), dtype, seed=5, inf_prob=0.2))
+
+
+def test_compiled_logz_gradcheck(compiled):
+    g = GRADCHECK_GRAPHS["chain"]
+    pot = make_potentials(g, 3, (2,), torch.float64, seed=7)
+    unary, pair = (t.detach().clone().requires_grad_() for t in (pot.unary, pot.pairwise))
+    assert torch.autograd.gradcheck(lambda u, p: inf.tree_logz(Potentials(u, p, g)), (unary, pair))
+
+
+def test_compiled_equals_eager_with_impossible_rows(compiled):
+    pot = make_potentials(Graph.chain(9), 2, (4,), torch.float64, seed=11, inf_prob=0.3)
+    unary = pot.unary.clone()
+    unary[0] = NEG_INF  # a row with no possible assignment
+    pot = Potentials(unary, pot.pairwise, pot.graph)
+    outs = []
+    for enabled in (True, False):
+        inf.set_compile(enabled)
+        outs.append((*inf.tree_map(pot), inf.tree_logz(pot), *inf.tree_marginals(pot)))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert_no_nan(*outs[0])
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_set_compile_rejects_non_bool(value):
+    with pytest.raises(TypeError, match="set_compile expects a bool"):
+        inf.set_compile(value)

@@ -4,7 +4,7 @@ from .exact import brute_force_kbest, brute_force_logz, brute_force_map, brute_f
 from .kbest import ensemble_map, tree_kbest
 from .lp import LPResult, lp_map
 from .smoothed import SmoothedLPResult, smoothed_lp
-from .tree import tree_logz, tree_map, tree_marginals, tree_max_marginals, tree_sample
+from .tree import set_compile, tree_logz, tree_map, tree_marginals, tree_max_marginals, tree_sample
 
 __all__ = [
     "LPResult",
@@ -14,6 +14,7 @@ __all__ = [
     "brute_force_map",
     "brute_force_marginals",
     "lp_map",
+    "set_compile",
     "smoothed_lp",
     "ensemble_map",
     "tree_kbest",

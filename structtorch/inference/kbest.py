@@ -1,15 +1,25 @@
 """K-best MAP on trees and forests, and MAP over ensembles of trees with a certificate (RTA).
 
-``tree_kbest`` is a level-synchronous k-best dynamic program on a *binarised* rooted forest:
-every node with more than two children gets a balanced binary tree of dummy nodes that copy
-its state (identity potentials), and one super-root per graph joins the components, so each
-node combines exactly two child lists. Work per example is O(n K^2 k) for the messages plus
-O(n K k^2) for the top-k merges.
+``tree_kbest`` runs the k-best (max, +) semiring, whose elements are descending k-lists, on the same
+rake / compress contraction schedule as the other tree ops (see ``Graph.schedule`` and ``tree.py``),
+so a chain of n takes O(log n) steps. Each slot v keeps a k-list U[v][x_v] (the subtree raked into
+v) and its parent edge a k-list matrix E[v][x_parent, x_v] (the path contracted between them):
 
-Excluding one assignment y_hat (RTA's worst-violator search) happens inside the program: each
-message carries, next to its k best entries, one *special* entry, the restriction of y_hat
-to the sender's subtree; the combination of two special entries at a node in state y_hat_v
-is y_hat's restriction again and is kept out of the regular list.
+  rake v into p:     U[p][x_p] <- top_k ( U[p][x_p] (x) top_k over x_v of (E[v][x_p, x_v] (x) U[v][x_v]) )
+  compress v (p, c): E[c][x_p, x_c] <- top_k over x_v of ( (E[v][x_p, x_v] (x) U[v][x_v]) (x) E[c][x_v, x_c] )
+
+where (x) is the k-best product of two descending lists, top_k of a_i + b_j over the rank pairs with
+(i + 1)(j + 1) <= k (any other sum has k sums at least as large above it). The forest is first
+*binarised* (a node with more than two children gets a balanced binary tree of dummy nodes that copy
+its state, identity potentials) and one super-root per graph (a single state) joins its components, so
+a rake step folds at most two leaves into a parent (two sub-steps with distinct parents), and the k best
+are the super-root's list. The steps keep the arguments of every top-k; backtracking undoes them in
+reverse, turning (state, rank) of each slot into its children's. Work per example: O(n K^3 k log k) on
+the compress schedule, O(n K^2 k log k) on the rake-only (level-synchronous) one; the cheaper one for
+the batch size and k runs (both exact, as in ``tree.py``).
+
+Excluding one assignment y_hat (RTA's worst-violator search) takes the k + 1 best and drops y_hat
+where it is among them (else the (k + 1)-th): the k best of the others either way.
 
 Rows are gathered with ``index_select`` and written with ``index_copy_`` rather than advanced
 indexing, which opens an OpenMP parallel region from 3000 elements (see ``tree.py``: such
@@ -23,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..graph import Graph, _root_forest
+from ..graph import Graph, Step, _contraction_steps, _root_forest
 from ..potentials import Potentials
 
 __all__ = ["tree_kbest", "ensemble_map", "ensemble_union"]
@@ -32,40 +42,34 @@ _NEG = float("-inf")
 
 
 @dataclass(frozen=True)
-class _Level:
-    """Nodes at one depth of the binarised forest: node [S], parent [S], slot [S] (0/1: which child of
-    its parent), child [S, 2] (their children; M, one past the last slot, where there is none)."""
-
-    node: torch.Tensor
-    parent: torch.Tensor
-    slot: torch.Tensor
-    child: torch.Tensor
-
-
-@dataclass(frozen=True)
 class _KBestSchedule:
-    """Binarised forest over M augmented slots: N = T*n original, then G super-roots, then dummies.
+    """Contraction schedule of the binarised forest over M augmented slots: N = T*n original, then G
+    super-roots, then dummies.
 
     origin [M]: the original slot whose state a slot carries (super-roots: -1).
     edge_code [M]: how a slot's parent edge is built: e (stored edge e, oriented parent->child),
     NE + e (edge e transposed), 2 NE (identity: dummy), 2 NE + 1 (zeros: super-root -> component root),
-    -1 for super-roots. levels: deepest first. roots [G].
+    -1 for super-roots. steps: rake / compress steps (``graph.Step``), a rake's parents distinct.
+    roots [G]: the super-roots. num_raked / num_compressed: nodes the steps remove.
     """
 
     num_slots: int
     num_original: int
     origin: torch.Tensor
     edge_code: torch.Tensor
-    levels: tuple[_Level, ...]
+    steps: tuple[Step, ...]
     roots: torch.Tensor
+    num_raked: int
+    num_compressed: int
 
     def to(self, device: torch.device) -> _KBestSchedule:
-        levels = tuple(_Level(*(t.to(device) for t in (lv.node, lv.parent, lv.slot, lv.child))) for lv in self.levels)
+        steps = tuple(Step(s.kind, s.node.to(device), s.parent.to(device), None if s.child is None else
+                           s.child.to(device)) for s in self.steps)
         return _KBestSchedule(self.num_slots, self.num_original, self.origin.to(device), self.edge_code.to(device),
-                              levels, self.roots.to(device))
+                              steps, self.roots.to(device), self.num_raked, self.num_compressed)
 
 
-def _build_kbest_schedule(graph: Graph) -> _KBestSchedule:
+def _build_kbest_schedule(graph: Graph, compress: bool) -> _KBestSchedule:
     n, E, G = graph.num_nodes, graph.num_edges, graph.num_graphs
     N, NE = G * n, G * E
     identity, zeros = 2 * NE, 2 * NE + 1
@@ -83,56 +87,63 @@ def _build_kbest_schedule(graph: Graph) -> _KBestSchedule:
                 parent[s], edge_code[s] = N + t, zeros
             children[parent[s]].append(s)
 
-    def binarise(p: int, kids: list[int]) -> list[int]:
+    def binarise(p: int, kids: list[int]) -> None:
         """p keeps at most two children; larger groups hang under dummies that copy p's state."""
         if len(kids) <= 2:
-            return kids
-        out = []
+            return
         for half in (kids[: len(kids) // 2], kids[len(kids) // 2:]):
             if len(half) == 1:
-                out.append(half[0])
                 continue
             d = len(origin)
             origin.append(origin[p])
             parent.append(p)
             edge_code.append(identity)
-            children.append([])
             for c in half:
                 parent[c] = d
-            children[d] = binarise(d, half)
-            out.append(d)
-        return out
+            binarise(d, half)
 
     for s in range(N + G):
-        children[s] = binarise(s, children[s])
-    return _levels(origin, parent, edge_code, children, N, G)
-
-
-def _levels(origin, parent, edge_code, children, N, G) -> _KBestSchedule:
-    """Group the binarised forest by depth (deepest first)."""
-    M = len(origin)
-    kids = np.full((M, 2), M)
-    slot = np.zeros(M, dtype=np.int64)
-    for s, cs in enumerate(children):
-        kids[s, : len(cs)] = cs
-        slot[cs] = np.arange(len(cs))
-    by_depth, frontier = [], list(range(N, N + G))
-    while frontier:
-        by_depth.append(frontier)
-        frontier = [c for s in frontier for c in children[s]]
+        binarise(s, children[s])
     as_long = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64))  # noqa: E731
-    levels = tuple(
-        _Level(as_long(nodes), as_long(np.asarray(parent)[nodes]), as_long(slot[nodes]), as_long(kids[nodes]))
-        for nodes in reversed(by_depth)
-    )
-    return _KBestSchedule(M, N, as_long(origin), as_long(edge_code), levels, as_long(list(range(N, N + G))))
+    steps = []
+    for kind, node, par, child in _contraction_steps(np.asarray(parent), compress):
+        if kind == "rake":  # at most two leaves per parent: the first of each parent, then the second
+            first = np.zeros(len(node), dtype=bool)
+            first[np.unique(par, return_index=True)[1]] = True
+            steps += [Step(kind, as_long(node[m]), as_long(par[m])) for m in (first, ~first) if m.any()]
+        else:
+            steps.append(Step(kind, as_long(node), as_long(par), as_long(child)))
+    return _KBestSchedule(len(origin), N, as_long(origin), as_long(edge_code), tuple(steps),
+                          as_long(list(range(N, N + G))),
+                          sum(len(s.node) for s in steps if s.kind == "rake"),
+                          sum(len(s.node) for s in steps if s.kind == "compress"))
 
 
-# ---------------------------------------------------------------------- the dynamic program
-def _augment(pot: Potentials, sched: _KBestSchedule, exclude: torch.Tensor | None
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Potentials on the binarised forest: unary [M, B, K], parent-edge matrices [M, B, K, K]
-    (x_parent, x_v), and the excluded assignment per slot [M, B] (None: nothing excluded)."""
+# Rough per-step and per-candidate costs (seconds), by device type: they only choose between two exact
+# schedules, never the result. CPU values fitted on chains and random trees (B = 64, K = 2, k in 1..32,
+# n in 16..1024, one thread); CUDA values are guesses.
+_STEP_COST = {"cpu": 7e-5, "cuda": 6e-4}
+_CANDIDATE_COST = {"cpu": 1.1e-8, "cuda": 5e-11}
+
+
+def _cost(sched: _KBestSchedule, B: int, K: int, k: int, device: torch.device) -> float:
+    P = len(_rank_pairs(k, "cpu")[0])
+    work = (sched.num_raked * (K * K + K) + sched.num_compressed * (K * K + K ** 3)) * P * B
+    kind = device.type if device.type in _STEP_COST else "cuda"
+    return len(sched.steps) * _STEP_COST[kind] + work * _CANDIDATE_COST[kind]
+
+
+def _cheapest_schedule(graph: Graph, B: int, K: int, k: int, device: torch.device) -> _KBestSchedule:
+    """Rake+compress (O(log n) steps, O(n K^3 k log k) work) or rake-only (O(height) steps, O(n K^2 k log k)
+    work), whichever the cost model prefers for this batch size, K and k; both are exact."""
+    contract, levels = (graph.cached(("kbest", c), device, lambda c=c: _build_kbest_schedule(graph, c))
+                        for c in (True, False))
+    return levels if _cost(levels, B, K, k, device) < _cost(contract, B, K, k, device) else contract
+
+
+# ---------------------------------------------------------------------- the k-best semiring program
+def _augment(pot: Potentials, sched: _KBestSchedule) -> tuple[torch.Tensor, torch.Tensor]:
+    """Potentials on the binarised forest: unary [M, B, K] and parent-edge matrices [M, B, K, K] (x_parent, x_v)."""
     u, p = (t.transpose(0, 1) for t in pot.slots())  # [N, B, K], [NE, B, K, K]
     N, B, K = u.shape
     M, G = sched.num_slots, len(sched.roots)
@@ -141,13 +152,7 @@ def _augment(pot: Potentials, sched: _KBestSchedule, exclude: torch.Tensor | Non
     u_aug = torch.cat([u, root_u, u.new_zeros(M - N - G, B, K)])
     identity = torch.full((K, K), _NEG, dtype=u.dtype, device=u.device).fill_diagonal_(0.0)
     table = torch.cat([p, p.transpose(-1, -2), identity.expand(1, B, K, K), u.new_zeros(1, B, K, K)])
-    p_aug = table.index_select(0, sched.edge_code.clamp(min=0))
-    if exclude is None:
-        return u_aug, p_aug, None
-    y = _exclude_rows(pot, exclude).T  # [n, B]
-    y = y.repeat(N // y.shape[0], 1)  # every graph of an ensemble excludes the same assignment
-    y_aug = torch.where((sched.origin >= 0)[:, None], y.index_select(0, sched.origin.clamp(min=0)), 0)
-    return u_aug, p_aug, y_aug
+    return u_aug, table.index_select(0, sched.edge_code.clamp(min=0))
 
 
 def _exclude_rows(pot: Potentials, exclude: torch.Tensor) -> torch.Tensor:
@@ -161,69 +166,115 @@ def _exclude_rows(pot: Potentials, exclude: torch.Tensor) -> torch.Tensor:
                          f"got {tuple(y.shape)}") from err
 
 
-def _gather(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """t [S, B, *rest] flattened over rest, gathered at idx [S, B, k] -> [S, B, k]."""
-    return t.flatten(2).gather(-1, idx)
+def _rank_pairs(k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank pairs (I [P], J [P]) with (i + 1)(j + 1) <= k: the only sums a_i + b_j of two descending k-lists
+    that the k best may need (P ~ k ln k)."""
+    i = np.repeat(np.arange(k), k // np.arange(1, k + 1))
+    j = np.concatenate([np.arange(k // (r + 1)) for r in range(k)])
+    return torch.as_tensor(i, device=device), torch.as_tensor(j, device=device)
 
 
-def _kbest_program(u: torch.Tensor, p: torch.Tensor, y_hat: torch.Tensor | None, sched: _KBestSchedule, k: int
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores [G, B, k] and assignments [M, B, k] of the k best, upward lists then backtracking."""
-    M, B, K = u.shape
-    k1 = k + 1  # k regular entries + the special one (y_hat's restriction to the subtree)
-    msgs = u.new_full((M + 1, B, K, k1), _NEG)
-    msgs[M, ..., k] = 0.0  # a missing child: only the empty "special" entry
-    arg_pair = torch.zeros(M, B, K, k, dtype=torch.long, device=u.device)
-    arg_msg = torch.zeros_like(arg_pair)
-    for level in sched.levels:
-        v = level.node
-        m1, m2 = msgs.index_select(0, level.child[:, 0]), msgs.index_select(0, level.child[:, 1])
-        cand = m1[..., :, None] + m2[..., None, :]  # [S, B, K, k1, k1]
-        uv = u.index_select(0, v)
-        special = u.new_full(cand.shape[:2], _NEG)
-        if y_hat is not None:
-            hat = y_hat.index_select(0, v)
-            special = (cand[..., k, k] + uv).gather(-1, hat[..., None]).squeeze(-1)  # score of y_hat's restriction
-            is_hat = torch.nn.functional.one_hot(hat, K).bool()
-            cand[..., k, k] = cand[..., k, k].masked_fill(is_hat, _NEG)  # y_hat itself is not a candidate
-        top, arg = cand.flatten(-2).topk(k, -1)
-        arg_pair.index_copy_(0, v, arg)
-        lists = top + uv[..., None]  # [S, B, K, k]: best completions of the subtree given x_v
-        if level is sched.levels[-1]:  # super-roots: the final k best over (x_root, rank)
-            scores, arg = lists.flatten(-2).topk(k, -1)
-            return scores, _backtrack(sched, arg, arg_pair, arg_msg, y_hat, k)
-        pm = p.index_select(0, v)
-        reg, arg = (pm[..., :, :, None] + lists[..., None, :, :]).flatten(-2).topk(k, -1)  # eq. of Sec. 4.1
-        arg_msg.index_copy_(0, v, arg)
-        sp = pm.gather(-1, hat[..., None, None].expand(*hat.shape, K, 1)).squeeze(-1) + special[..., None] \
-            if y_hat is not None else special[..., None].expand(-1, -1, K)
-        msgs.index_copy_(0, v, torch.cat([reg, sp[..., None]], -1))
-    raise AssertionError("unreachable: the last level holds the super-roots")
+def _product_index(K: int, k: int, I: torch.Tensor, J: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Flat positions of every candidate sum of the three k-best products, so that each operand is one
+    ``index_select`` of a contiguous tensor (no broadcasting over tiny inner dims, no transposed copies).
 
-
-def _backtrack(sched: _KBestSchedule, arg: torch.Tensor, arg_pair: torch.Tensor, arg_msg: torch.Tensor,
-               y_hat: torch.Tensor | None, k: int) -> torch.Tensor:
-    """States x [M, B, k] of the k best: top-down, each slot's (state, rank) from its parent's choice.
-
-    Rank k means "special": the whole subtree follows y_hat.
+    below: E[v] [K(p), K(v), k] at (x_p, x_v, I[q]) and U[v] [K(v), k] at (x_v, J[q]), laid out (x_p, x_v, q);
+    path: A [K(p), K(v), k] at (x_p, x_v, I[q]) and E[c] [K(v), K(c), k] at (x_v, x_c, J[q]), laid out
+    (x_p, x_c, x_v, q).
     """
-    M, B = arg_pair.shape[:2]
-    k1 = k + 1
-    x = torch.zeros(M, B, k, dtype=torch.long, device=arg.device)
-    r = torch.zeros_like(x)
-    x.index_copy_(0, sched.roots, arg // k)
-    r.index_copy_(0, sched.roots, arg % k)
-    for level in reversed(sched.levels[:-1]):
-        v, par = level.node, level.parent
-        xp, rp = x.index_select(0, par), r.index_select(0, par)
-        pair = _gather(arg_pair.index_select(0, par), xp * k + rp.clamp(max=k - 1))
-        i = torch.where(level.slot[:, None, None] == 0, pair // k1, pair % k1)
-        flat = _gather(arg_msg.index_select(0, v), xp * k + i.clamp(max=k - 1))
-        special = (rp == k) | (i == k)
-        hat = y_hat.index_select(0, v)[..., None].expand_as(flat) if y_hat is not None else torch.zeros_like(flat)
-        x.index_copy_(0, v, torch.where(special, hat, flat // k))
-        r.index_copy_(0, v, torch.where(special, k, flat % k))
+    xp, xv, q = (t.reshape(-1) for t in torch.meshgrid(*(torch.arange(m, device=I.device) for m in (K, K, len(I))),
+                                                         indexing="ij"))
+    xp3, xc3, xv3, q3 = (t.reshape(-1) for t in torch.meshgrid(
+        *(torch.arange(m, device=I.device) for m in (K, K, K, len(I))), indexing="ij"))
+    return {"below_e": (xp * K + xv) * k + I[q], "below_u": xv * k + J[q],
+            "path_a": (xp3 * K + xv3) * k + I[q3], "path_e": (xv3 * K + xc3) * k + J[q3]}
+
+
+def _gather(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """t [S, B, *rest] flattened over rest, gathered at idx [S, B, k] -> [S, B, k] (int64)."""
+    return t.flatten(2).gather(-1, idx).long()
+
+
+def _take(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """table [P] at idx (any shape), without advanced indexing."""
+    return table.index_select(0, idx.reshape(-1)).view_as(idx)
+
+
+def _kbest_program(u: torch.Tensor, p: torch.Tensor, sched: _KBestSchedule, k: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores [G, B, k] and states [M, B, k] of the k best: the contraction, then backtracking.
+
+    u [M, B, K], p [M, B, K, K]. Lists are the last dim: U [M, B, K, k], E [M, B, K(parent), K(v), k].
+    The tape keeps each step's top-k arguments as int32 (half the memory; they are below K k^2).
+    """
+    M, B, K = u.shape
+    I, J = _rank_pairs(k, u.device)
+    P, at = len(I), _product_index(K, k, I, J)
+    U = u.new_full((M, B, K, k), _NEG)
+    U[..., 0] = u
+    E = u.new_full((M, B, K, K, k), _NEG)
+    E[..., 0] = p
+    tape = []
+    for step in sched.steps:
+        v = step.node
+        S = len(v)
+        # E[v] (x) U[v]: [S, B, K(parent), K(v) P]
+        below = (E.index_select(0, v).flatten(2).index_select(-1, at["below_e"])
+                 + U.index_select(0, v).flatten(2).index_select(-1, at["below_u"])).view(S, B, K, K * P)
+        if step.kind == "rake":
+            lists, arg_leaf = below.topk(k, -1)  # [S, B, K(parent), k] over (x_v, pair)
+            up = U.index_select(0, step.parent).index_select(-1, I) + lists.index_select(-1, J)
+            new, arg_up = up.topk(k, -1)
+            U.index_copy_(0, step.parent, new)
+            tape.append((arg_leaf.int(), arg_up.int()))
+        else:
+            a, arg_node = below.view(S, B, K, K, P).topk(k, -1)  # [S, B, K(parent), K(v), k]
+            path = (a.flatten(2).index_select(-1, at["path_a"])
+                    + E.index_select(0, step.child).flatten(2).index_select(-1, at["path_e"]))
+            new, arg_path = path.view(S, B, K, K, K * P).topk(k, -1)  # [S, B, K(parent), K(child), k]
+            E.index_copy_(0, step.child, new)
+            tape.append((arg_node.int(), arg_path.int()))
+    scores = U.index_select(0, sched.roots)[:, :, 0]  # a super-root's single state
+    return scores, _backtrack(sched, tape, I, J, B, K, k)
+
+
+def _backtrack(sched: _KBestSchedule, tape: list, I: torch.Tensor, J: torch.Tensor, B: int, K: int, k: int
+               ) -> torch.Tensor:
+    """States x [M, B, k] of the k best, undoing the steps in reverse: each slot's state, its rank in U
+    (``ru``) and its rank in its parent edge's E (``re``), as the lists were at that point."""
+    M, P = sched.num_slots, len(I)
+    x = torch.zeros(M, B, k, dtype=torch.long, device=I.device)
+    ru, re = torch.zeros_like(x), torch.zeros_like(x)
+    ru.index_copy_(0, sched.roots, torch.arange(k, device=I.device).expand(len(sched.roots), B, k))
+    for step, (arg_below, arg_above) in zip(reversed(sched.steps), reversed(tape)):
+        v, par = step.node, step.parent
+        xp = x.index_select(0, par)
+        if step.kind == "rake":
+            q = _gather(arg_above, xp * k + ru.index_select(0, par))  # pair (rank in the older U[p], rank in lists)
+            ru.index_copy_(0, par, _take(I, q))
+            flat = _gather(arg_below, xp * k + _take(J, q))  # (x_v, pair) of lists[x_p]
+            xv, q = flat // P, flat % P
+        else:
+            c = step.child
+            flat = _gather(arg_above, (xp * K + x.index_select(0, c)) * k + re.index_select(0, c))
+            xv, q = flat // P, flat % P  # x_v, pair (rank in E[v] (x) U[v], rank in the older E[c])
+            re.index_copy_(0, c, _take(J, q))
+            q = _gather(arg_below, (xp * K + xv) * k + _take(I, q))
+        x.index_copy_(0, v, xv)
+        re.index_copy_(0, v, _take(I, q))
+        ru.index_copy_(0, v, _take(J, q))
     return x
+
+
+def _drop_excluded(scores: torch.Tensor, x: torch.Tensor, y_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best except y_hat from the k + 1 best: scores [G, B, k+1], x [G, n, B, k+1], y_hat [B, n] ->
+    [G, B, k], [G, n, B, k]. Drops y_hat where it is among the finite entries, else the last."""
+    k = scores.shape[-1] - 1
+    hit = (x == y_hat.T[None, :, :, None]).all(1) & torch.isfinite(scores)  # [G, B, k+1]
+    drop = torch.where(hit.any(-1), hit.to(torch.uint8).argmax(-1), k)
+    ranks = torch.arange(k, device=scores.device)
+    keep = ranks + (ranks >= drop[..., None])  # [G, B, k]
+    return scores.gather(-1, keep), x.gather(-1, keep[:, None].expand(*x.shape[:-1], k))
 
 
 # ---------------------------------------------------------------------- public ops
@@ -240,17 +291,21 @@ def tree_kbest(pot: Potentials, k: int, exclude: torch.Tensor | None = None) -> 
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     pot.graph.require_forest("tree_kbest")
-    sched = pot.graph.cached("kbest", pot.device, lambda: _build_kbest_schedule(pot.graph))
-    with torch.no_grad():
-        u, p, y_hat = _augment(pot, sched, exclude)
-        scores, x = _kbest_program(u, p, y_hat, sched, k)
     g, batch = pot.graph, pot.batch_shape
-    ys = x[: sched.num_original].permute(1, 2, 0)  # [B, k, N]
+    sched = _cheapest_schedule(g, pot.batch_shape.numel(), pot.num_states, k + (exclude is not None), pot.device)
+    y_hat = None if exclude is None else _exclude_rows(pot, exclude)
+    kk = k if y_hat is None else k + 1
+    with torch.no_grad():
+        u, p = _augment(pot, sched)
+        scores, x = _kbest_program(u, p, sched, kk)
+        G, n = g.num_graphs, g.num_nodes
+        x = x[: sched.num_original].view(G, n, x.shape[1], kk)
+        if y_hat is not None:
+            scores, x = _drop_excluded(scores, x, y_hat)
+    ys = x.permute(2, 0, 3, 1)  # [B, G, k, n]
     if g.is_ensemble:
-        T, n = g.num_graphs, g.num_nodes
-        return (scores.permute(1, 0, 2).reshape(*batch, T, k),
-                ys.reshape(-1, k, T, n).transpose(1, 2).reshape(*batch, T, k, n))
-    return scores.reshape(*batch, k), ys.reshape(*batch, k, g.num_nodes)
+        return scores.permute(1, 0, 2).reshape(*batch, G, k), ys.reshape(*batch, G, k, n)
+    return scores.reshape(*batch, k), ys.reshape(*batch, k, n)
 
 
 def ensemble_map(pot: Potentials, k: int, k_max: int | None = None, exclude: torch.Tensor | None = None

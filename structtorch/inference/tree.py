@@ -21,10 +21,15 @@ with ``index_copy_`` (parallel only past torch's 32768-element grain, unlike adv
 sums into rows go through ``_index_add_rows``, exp / log avoid MKL's threaded VML on CPU
 (``_exp``, ``_log_ge1``), and the max semiring reduces with ``amax`` (``max(dim)`` always opens a
 region) and recovers arguments only along the backtracked rows (``_first_argmax``).
+
+``set_compile(True)`` (opt-in; off by default) runs the MAP, log Z and marginal passes through
+``torch.compile`` instead: one program per schedule and pass with every step unrolled, so inductor
+fuses the small ops of a step (C++/OpenMP on CPU, Triton on GPU). The eager passes stay the reference.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +37,7 @@ import torch
 from ..graph import Schedule
 from ..potentials import Potentials
 
-__all__ = ["tree_map", "tree_logz", "tree_marginals", "tree_max_marginals", "tree_sample"]
+__all__ = ["tree_map", "tree_logz", "tree_marginals", "tree_max_marginals", "tree_sample", "set_compile"]
 
 _LOG2E = 1.4426950408889634
 
@@ -133,6 +138,39 @@ def _edge_matrices(pair: torch.Tensor, sched: Schedule) -> torch.Tensor:
 def _out_shape(values: torch.Tensor, batch: torch.Size, ensemble: bool) -> torch.Tensor:
     """Per-graph values [G, B] -> [*B] (single graph) or [*B, T] (ensemble)."""
     return values.T.reshape(*batch, values.shape[0]) if ensemble else values.reshape(batch)
+
+
+# ---------------------------------------------------------------------- optional compilation
+_COMPILE = {"enabled": False}
+_COMPILED: dict[tuple[str, int], tuple[Schedule, Callable]] = {}
+# Store every intermediate whose expression has more than one op rather than inline it into its readers:
+# at inductor's CPU default (50 ops) the marginal pass became one C++ loop nest that recomputes each step's
+# exps and products in every reader, 3-6x slower than eager.
+_INDUCTOR = {"realize_opcount_threshold": 1}
+
+
+def set_compile(enabled: bool) -> None:
+    """Run tree_map, tree_logz and tree_marginals (and tree_logz's gradient) through ``torch.compile`` (True)
+    or eagerly (False, the default and the reference; same results up to float rounding).
+
+    Each schedule (graph and device) and pass compiles once, with its steps unrolled, and again for a new
+    batch size, K or dtype (seconds each on CPU: inductor generates and builds C++); past torch._dynamo's
+    recompile limit a pass runs eagerly. Worth it where the passes are bound by per-op overhead (small
+    batches, K = 2); see scripts/bench_tree.py --compile.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_compile expects a bool, got {type(enabled).__name__}")
+    _COMPILE["enabled"] = enabled
+
+
+def _run(fn: Callable, sched: Schedule, *tensors: torch.Tensor):
+    """fn(*tensors, sched), eagerly or (``set_compile(True)``) by its compiled program for this schedule."""
+    if not _COMPILE["enabled"]:
+        return fn(*tensors, sched)
+    key = (fn.__name__, id(sched))
+    if key not in _COMPILED:  # the schedule is kept with its program: its id stays unique
+        _COMPILED[key] = (sched, torch.compile(lambda *t: fn(*t, sched), dynamic=False, options=_INDUCTOR))
+    return _COMPILED[key][1](*tensors)
 
 
 # ---------------------------------------------------------------------- forward contraction
@@ -281,12 +319,29 @@ def _per_slot(grad: torch.Tensor, num_slots: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- autograd functions
+def _map_pass(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-graph MAP values [G, B] and the assignment y [N, B]."""
+    values, U, tape = _contract(unary, pair, sched, "max")
+    return values, _argmax_backtrack(U, tape, sched)
+
+
+def _logz_pass(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule) -> torch.Tensor:
+    """Per-graph log Z [G, B]."""
+    return _contract(unary, pair, sched, "sum", keep=False)[0]
+
+
+def _marginal_pass(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """log Z [G, B], unary marginals [N, K, B] and per-slot joints [N, K, K, B]."""
+    logz, U, tape = _contract(unary, pair, sched, "sum")
+    return (logz, *_marginals(U, tape, sched))
+
+
 class _TreeMap(torch.autograd.Function):
     @staticmethod
     def forward(ctx, unary, pair, sched):  # noqa: D102
         with torch.no_grad():
-            values, U, tape = _contract(unary, pair, sched, "max")
-            y = _argmax_backtrack(U, tape, sched)
+            values, y = _run(_map_pass, sched, unary, pair)
         ctx.save_for_backward(y, values)
         ctx.sched, ctx.num_edge_slots, ctx.num_states = sched, pair.shape[0], unary.shape[1]
         ctx.mark_non_differentiable(y)
@@ -305,7 +360,7 @@ class _TreeLogZ(torch.autograd.Function):
     @staticmethod
     def forward(ctx, unary, pair, sched):  # noqa: D102
         with torch.no_grad():
-            values, _, _ = _contract(unary, pair, sched, "sum", keep=False)
+            values = _run(_logz_pass, sched, unary, pair)
         ctx.save_for_backward(unary, pair)
         ctx.sched = sched
         return values
@@ -323,8 +378,7 @@ def _marginal_tensors(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unary [N, K, B] and pairwise [NE, K, K, B] marginals: one contraction and one outside pass."""
     with torch.no_grad():
-        logz, U, tape = _contract(unary, pair, sched, "sum")
-        mu, J = _marginals(U, tape, sched)
+        logz, mu, J = _run(_marginal_pass, sched, unary, pair)
         possible = torch.isfinite(logz).to(mu.dtype)  # [G, B]: a graph with Z = 0 has no marginals
         mu_pair = _pair_from_joints(J, sched, pair.shape[0])
     mu = mu * _per_slot(possible, mu.shape[0])[:, None]
