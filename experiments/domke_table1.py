@@ -83,11 +83,10 @@ def write_outputs(out: Path, size: int) -> None:
     cells: dict[str, dict] = {"logistic": {}, "hinge": {}}
     for f in sorted((out.parent / f"{out.name}_cells").glob("*.json")):
         c = json.loads(f.read_text())
-        cells[c.get("method", "logistic")][(c["unary"], c["pairwise"])] = c
+        cells[c["method"]][(c["unary"], c["pairwise"])] = c
     if not cells["logistic"]:
         return
-    detail = [{"method": "logistic", "lr": None, "batch_size": 16, **{k: v for k, v in c.items() if k != "shown"}}
-              for m in cells.values() for c in m.values()]
+    detail = [{k: v for k, v in c.items() if k != "shown"} for m in cells.values() for c in m.values()]
     write_table(detail, out.parent / f"{out.name}_runs")
     missing = [f"{u}/{p}" for u in CLASSES for p in CLASSES if (u, p) not in cells["logistic"]]
     footer = ["", "Test error of LogisticEnergy (the paper's Table 1, denoising, in parentheses); rows: unary "
@@ -107,7 +106,7 @@ def write_outputs(out: Path, size: int) -> None:
             ref = cells["logistic"].get((u, p), {})
             footer.append(f"| {NAMES[u]} / {NAMES[p]} | {c['test_error']:.3f} | {ref.get('test_error', '-')} | "
                           f"{c['final_objective']:.0f} | {ref.get('final_objective', '-')} | {c['iterations']}, "
-                          f"{c.get('lr') or 'model.lr'}, {c.get('batch_size', 16)} |")
+                          f"{c['lr'] or 'model.lr'}, {c['batch_size']} |")
     write_table(_table_rows(cells["logistic"]), out, footer=footer)
     _picture(cells["logistic"], out.with_suffix(".png"), size)
 

@@ -117,9 +117,9 @@ class BoostedTrees(LocalFunction):
         with torch.no_grad():
             margin = (self(x) + bias).double()  # f + b of eq. (13)
             gradient = torch.softmax(margin, -1) - torch.nn.functional.one_hot(target, C)
-        rows = xgb.DMatrix(x.cpu().numpy(), nthread=1, base_margin=bias.cpu().numpy().astype(np.float32))
+        rows = xgb.DMatrix(x.cpu().numpy(), nthread=1)
 
-        def squared_error_fit(predt, data):  # step 1: least-squares trees on the (fixed) gradient
+        def squared_error_fit(predt, data):  # step 1: least-squares trees on the gradient at f + b (predt unused)
             return gradient.cpu().numpy(), np.ones((M, C))
 
         params = {**self.params, "min_child_weight": self.min_leaf * M}
