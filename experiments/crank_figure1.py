@@ -109,8 +109,8 @@ def main() -> None:
     out = Path(args.out)
     rows: list[dict] = []
     try:
-        for size in args.sizes:
-            for rep in range(args.reps):
+        for rep in range(args.reps):  # repetitions outermost: a stopped job keeps whole curves
+            for size in args.sizes:
                 truth = None
                 for model in args.models:
                     cfg = config(model, size, rep, args.l2)

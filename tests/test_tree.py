@@ -31,7 +31,7 @@ BOTH_DTYPES = (torch.float64, torch.float32)
 
 # ---------------------------------------------------------------------- brute-force agreement
 def check_against_brute_force(pot: Potentials) -> None:
-    """tree_map / tree_logz / tree_marginals equal enumeration (MAP up to ties)."""
+    """tree_map / tree_logz / tree_marginals / tree_max_marginals equal enumeration (MAP up to ties)."""
     dtype, B, n, K = pot.dtype, pot.batch_shape, pot.graph.num_nodes, pot.num_states
     lead = (*B, pot.graph.num_graphs) if pot.graph.is_ensemble else tuple(B)
 
@@ -56,10 +56,23 @@ def check_against_brute_force(pot: Potentials) -> None:
     assert_same_values(mu, bf_mu, dtype)
     assert_same_values(mu_pair, bf_pair, dtype)
 
+    mm = inf.tree_max_marginals(pot)
+    assert mm.shape == (*lead, n, K)
+    assert_same_values(mm, brute_force_max_marginals(pot), dtype)
+
     impossible = bf_logz == NEG_INF
     assert (score[impossible] == NEG_INF).all() and (logz[impossible] == NEG_INF).all()
-    assert (mu[impossible] == 0).all() and (mu_pair[impossible] == 0).all()
-    assert_no_nan(score, logz, mu, mu_pair)
+    assert (mu[impossible] == 0).all() and (mu_pair[impossible] == 0).all() and (mm[impossible] == NEG_INF).all()
+    assert_no_nan(score, logz, mu, mu_pair, mm)
+
+
+def brute_force_max_marginals(pot: Potentials) -> torch.Tensor:
+    """max over all assignments with y_i = a of score(y): [*B, (T,) n, K], by enumeration."""
+    from structtorch.inference.exact import _all_scores
+
+    scores, ys = _all_scores(pot)  # [*B, (T,) A], [A, n]
+    pick = (ys.T[:, None, :] == torch.arange(pot.num_states)[None, :, None])  # [n, K, A]
+    return scores[..., None, None, :].masked_fill(~pick, NEG_INF).amax(-1)
 
 
 def ensemble_member_scores(pot: Potentials, y: torch.Tensor) -> torch.Tensor:
@@ -722,12 +735,8 @@ def test_brute_force_on_an_empty_batch(batch):
 @given(pot=st.one_of(potentials(), ensemble_potentials()))
 def test_tree_max_marginals_equal_enumeration(pot):
     """max over assignments with y_i = a, for every node and state (ensembles: per tree), -inf where impossible."""
-    from structtorch.inference.exact import _all_scores
-
-    scores, ys = _all_scores(pot)  # [*B, (T,) A], [A, n]
-    pick = (ys.T[:, None, :] == torch.arange(pot.num_states)[None, :, None])  # [n, K, A]
-    ref = scores[..., None, None, :].masked_fill(~pick, NEG_INF).amax(-1)  # [*B, (T,) n, K]
-    mm = inf.tree_max_marginals(pot, chunk_elements=7)  # tiny chunks: the chunked path too
+    mm = inf.tree_max_marginals(pot)
+    ref = brute_force_max_marginals(pot)
     assert mm.shape == ref.shape
     assert_same_values(mm, ref, pot.dtype)
 
@@ -777,7 +786,7 @@ def test_compiled_equals_eager_with_impossible_rows(compiled):
     outs = []
     for enabled in (True, False):
         inf.set_compile(enabled)
-        outs.append((*inf.tree_map(pot), inf.tree_logz(pot), *inf.tree_marginals(pot)))
+        outs.append((*inf.tree_map(pot), inf.tree_logz(pot), *inf.tree_marginals(pot), inf.tree_max_marginals(pot)))
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert_no_nan(*outs[0])

@@ -296,6 +296,35 @@ def _marginals(U: torch.Tensor, tape: list[_Tape], sched: Schedule) -> tuple[tor
     return mu, J
 
 
+def _max_marginals(U: torch.Tensor, tape: list[_Tape], sched: Schedule, values: torch.Tensor) -> torch.Tensor:
+    """Outside pass of a (max, +) contraction: max-marginals [N, K, B] (per-graph ``values`` [G, B]).
+
+    ``_marginals`` with (x, sum) replaced by (+, max): a removed node's max-conditional is the sum it was
+    maximised over minus that maximum (<= 0), and J[v] is the max-marginal of v's current edge. A root's
+    max-marginal adds the maxima of the other trees of its graph.
+    """
+    N, K, B = U.shape
+    neg_inf = torch.tensor(float("-inf"), dtype=U.dtype, device=U.device)
+    mm = U.new_full((N, K, B), float("-inf"))
+    J = U.new_full((N, K, K, B), float("-inf"))  # (x_parent, x_node, b)
+    root_u = U.index_select(0, sched.roots)  # [R, K, B]
+    group = values.index_select(0, sched.root_group)  # [R, B]
+    others = torch.where(torch.isfinite(group), group - root_u.amax(1), neg_inf)  # the other trees' maxima
+    mm.index_copy_(0, sched.roots, root_u + others.unsqueeze(1))
+    for step, t in zip(reversed(sched.steps), reversed(tape)):
+        full = t.left if step.kind == "rake" else t.left[:, :, :, None] + t.right[:, None]  # (p, v[, c], b)
+        cond = full - full.amax(2, keepdim=True).clamp_min(torch.finfo(full.dtype).min)
+        if step.kind == "rake":
+            joint = mm.index_select(0, step.parent).unsqueeze(2) + cond
+        else:
+            triple = J.index_select(0, step.child).unsqueeze(2) + cond  # (p, v, c, b)
+            joint = triple.amax(3)
+            J.index_copy_(0, step.child, triple.amax(1))
+        J.index_copy_(0, step.node, joint)
+        mm.index_copy_(0, step.node, joint.amax(1))
+    return mm
+
+
 def _pair_from_joints(J: torch.Tensor, sched: Schedule, num_edge_slots: int) -> torch.Tensor:
     """Per-slot joints [N, K, K, B] (x_parent, x_v) -> per-edge [NE, K, K, B] in stored orientation."""
     _, K, _, B = J.shape
@@ -335,6 +364,12 @@ def _marginal_pass(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule
     """log Z [G, B], unary marginals [N, K, B] and per-slot joints [N, K, K, B]."""
     logz, U, tape = _contract(unary, pair, sched, "sum")
     return (logz, *_marginals(U, tape, sched))
+
+
+def _max_marginal_pass(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule) -> torch.Tensor:
+    """Max-marginals [N, K, B]."""
+    values, U, tape = _contract(unary, pair, sched, "max")
+    return _max_marginals(U, tape, sched, values)
 
 
 class _TreeMap(torch.autograd.Function):
@@ -421,30 +456,17 @@ def tree_marginals(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
             mu_pair.permute(3, 0, 1, 2).reshape(*lead, g.num_edges, K, K))
 
 
-def tree_max_marginals(pot: Potentials, chunk_elements: int = 1 << 24) -> torch.Tensor:
+def tree_max_marginals(pot: Potentials) -> torch.Tensor:
     """Exact max-marginals on a tree/forest: max over assignments with y_i = a of score(y), for every node i
     and state a: [*B, n, K] (ensembles: per graph, [*B, T, n, K]); -inf where y_i = a is impossible.
 
-    Each (node, state) is clamped in turn (the node's other states set to -inf) and all n K clamped problems
-    run as one batch of ``tree_map`` (chunked over nodes to about ``chunk_elements`` unary entries).
+    One (max, +) contraction and one outside pass (``_max_marginals``), as ``tree_marginals`` in (+, x).
     """
-    if not isinstance(pot, Potentials):
-        raise TypeError(f"tree_max_marginals expects a structtorch.Potentials, got {type(pot).__name__}")
-    pot.graph.require_forest("tree_max_marginals")
-    u, p = pot.expanded()  # [*B, (T,) n, K], [*B, (T,) E, K, K]
-    n, K = pot.graph.num_nodes, pot.num_states
-    lead = u.dim() - 2
-    step = max(1, chunk_elements // max(1, u.numel() * K))
-    out = []
+    u, p, sched, batch = _flat(pot, "tree_max_marginals")
     with torch.no_grad():
-        for start in range(0, n, step):
-            nodes = torch.arange(start, min(n, start + step), device=u.device)
-            keep = torch.ones(len(nodes), K, n, K, dtype=torch.bool, device=u.device)  # clamp (nodes[j], a)
-            keep[torch.arange(len(nodes)), :, nodes] = torch.eye(K, dtype=torch.bool, device=u.device)
-            keep = keep.view(len(nodes), K, *([1] * lead), n, K)
-            clamped = Potentials(u.masked_fill(~keep, float("-inf")), p, pot.graph)
-            out.append(tree_map(clamped)[0])  # [c, K, *B, (T,)]
-    return torch.cat(out).movedim(1, -1).movedim(0, -2)
+        mm = _run(_max_marginal_pass, sched, u, p)
+    g = pot.graph
+    return mm.permute(2, 0, 1).reshape(*_lead(batch, g), g.num_nodes, pot.num_states)
 
 
 def tree_sample(pot: Potentials, num_samples: int, generator: torch.Generator | None = None) -> torch.Tensor:
