@@ -29,6 +29,7 @@ fuses the small ops of a step (C++/OpenMP on CPU, Triton on GPU). The eager pass
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -78,12 +79,13 @@ def _first_argmax(x: torch.Tensor) -> torch.Tensor:
 class _Tape:
     """What the forward contraction kept of one step (S removed nodes; batch-minor).
 
-    (max, +): what the maximising x_node is recomputed from along the backtracked rows: ``left``,
-    the scores a[x_parent, x_node] [S, K, K, B] that were maximised over x_node (rake), or
-    a[x_parent, x_node] + ``right``[x_node, x_child] [S, K, K, B] each (compress).
-    (logsumexp, +): ``cond``, the removed node's conditional distribution: P(x_node | x_parent)
-    [S, K, K, B] laid out (p, node) (rake), P(x_node | x_parent, x_child) [S, K, K, K, B] laid out
-    (p, node, c) (compress); all zeros in a zero-probability context.
+    ``left`` / ``right`` ((max, +), MAP): what the maximising x_node is recomputed from along the
+    backtracked rows: the scores a[x_parent, x_node] [S, K, K, B] that were maximised over x_node (rake),
+    or a[x_parent, x_node] + right[x_node, x_child] [S, K, K, B] each (compress).
+    ``cond``: the removed node's conditional given its context, laid out (p, node) [S, K, K, B] (rake)
+    or (p, node, c) [S, K, K, K, B] (compress). (logsumexp, +): the distribution P(x_node | context),
+    all zeros in a zero-probability context. (max, +): the max-conditional, the maximised sum minus
+    its maximum (<= 0; -inf in an impossible context).
     """
 
     left: torch.Tensor | None = None
@@ -174,12 +176,12 @@ def _run(fn: Callable, sched: Schedule, *tensors: torch.Tensor):
 
 
 # ---------------------------------------------------------------------- forward contraction
-def _contract(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule, semiring: str, keep: bool = True
+def _contract(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule, semiring: str, keep: str | None = "cond"
               ) -> tuple[torch.Tensor, torch.Tensor, list[_Tape]]:
     """Run all steps in the (max, +) or (logsumexp, +) semiring.
 
     unary [N, K, B], pair [NE, K, K, B] -> per-graph values [G, B], final unary [N, K, B], tape
-    (empty tapes when ``keep`` is False: the value alone).
+    keeping ``keep`` of each step: "cond", "args" ((max, +) only: left / right) or None (empty tapes: the value alone).
     """
     U = unary.clone(memory_format=torch.contiguous_format)
     M = _edge_matrices(pair, sched)
@@ -189,7 +191,11 @@ def _contract(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule, semiring
         right = M.index_select(0, step.child) if step.kind == "compress" else None  # (x_node, x_child, b)
         full = a if right is None else a[:, :, :, None] + right[:, None]  # compress: (p, node, c, b)
         if semiring == "max":
-            out, t = full.amax(2), _Tape(left=a, right=right)
+            out = full.amax(2)
+            if keep == "args":
+                t = _Tape(left=a, right=right)
+            else:
+                t = _Tape(cond=full - out.unsqueeze(2).clamp_min(torch.finfo(out.dtype).min) if keep else None)
         else:
             out, cond = _lse_and_cond(full, 2) if keep else (_lse(full, 2), None)
             t = _Tape(cond=cond)
@@ -273,56 +279,41 @@ def _sample_backtrack(U: torch.Tensor, tape: list[_Tape], sched: Schedule, num_s
     return y
 
 
-def _marginals(U: torch.Tensor, tape: list[_Tape], sched: Schedule) -> tuple[torch.Tensor, torch.Tensor]:
-    """Outside pass: unary marginals [N, K, B] and joints across each slot's parent edge [N, K, K, B].
+def _outside(root: torch.Tensor, tape: list[_Tape], sched: Schedule, semiring: str
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Outside pass from the roots' marginals ``root`` [R, K, B] down the tape's conditionals: unary
+    marginals [N, K, B] and joints across each slot's parent edge [N, K, K, B].
 
-    J[v] is the joint across v's *current* edge matrix while undoing the steps: a rake gives
-    J = mu_parent * P(x_v | x_parent); a compress splits the joint across (parent, child) into
-    the triple (parent, v, child) = J * P(x_v | x_parent, x_child), and so into its two edges.
+    (logsumexp, +) with (x, sum); (max, +) with (+, max), giving max-marginals. J[v] is the joint across
+    v's *current* edge matrix while undoing the steps: a rake gives J = mu_parent (x) cond(x_v | x_parent);
+    a compress splits the joint across (parent, child) into the triple (parent, v, child) =
+    J (x) cond(x_v | x_parent, x_child), and so into its two edges.
     """
-    N, K, B = U.shape
-    mu = U.new_zeros(N, K, B)
-    J = U.new_zeros(N, K, K, B)  # (x_parent, x_node, b)
-    mu.index_copy_(0, sched.roots, _lse_and_cond(U.index_select(0, sched.roots), 1)[1])
+    times, plus, zero = (torch.add, torch.amax, -math.inf) if semiring == "max" else (torch.mul, torch.sum, 0.0)
+    _, K, B = root.shape
+    N = len(sched.parent)
+    mu = root.new_full((N, K, B), zero)
+    J = root.new_full((N, K, K, B), zero)  # (x_parent, x_node, b)
+    mu.index_copy_(0, sched.roots, root)
     for step, t in zip(reversed(sched.steps), reversed(tape)):
         if step.kind == "rake":
-            joint = mu.index_select(0, step.parent).unsqueeze(2) * t.cond
+            joint = times(mu.index_select(0, step.parent).unsqueeze(2), t.cond)
         else:
-            triple = J.index_select(0, step.child).unsqueeze(2) * t.cond  # (p, v, c, b)
-            joint = triple.sum(3)
-            J.index_copy_(0, step.child, triple.sum(1))
+            triple = times(J.index_select(0, step.child).unsqueeze(2), t.cond)  # (p, v, c, b)
+            joint = plus(triple, 3)
+            J.index_copy_(0, step.child, plus(triple, 1))
         J.index_copy_(0, step.node, joint)
-        mu.index_copy_(0, step.node, joint.sum(1))
+        mu.index_copy_(0, step.node, plus(joint, 1))
     return mu, J
 
 
 def _max_marginals(U: torch.Tensor, tape: list[_Tape], sched: Schedule, values: torch.Tensor) -> torch.Tensor:
-    """Outside pass of a (max, +) contraction: max-marginals [N, K, B] (per-graph ``values`` [G, B]).
-
-    ``_marginals`` with (x, sum) replaced by (+, max): a removed node's max-conditional is the sum it was
-    maximised over minus that maximum (<= 0), and J[v] is the max-marginal of v's current edge. A root's
-    max-marginal adds the maxima of the other trees of its graph.
-    """
-    N, K, B = U.shape
-    neg_inf = torch.tensor(float("-inf"), dtype=U.dtype, device=U.device)
-    mm = U.new_full((N, K, B), float("-inf"))
-    J = U.new_full((N, K, K, B), float("-inf"))  # (x_parent, x_node, b)
+    """Max-marginals [N, K, B] of a (max, +) contraction kept with ``keep="cond"`` (per-graph ``values``
+    [G, B]): a root's are its final unary plus the maxima of the other trees of its graph."""
     root_u = U.index_select(0, sched.roots)  # [R, K, B]
     group = values.index_select(0, sched.root_group)  # [R, B]
-    others = torch.where(torch.isfinite(group), group - root_u.amax(1), neg_inf)  # the other trees' maxima
-    mm.index_copy_(0, sched.roots, root_u + others.unsqueeze(1))
-    for step, t in zip(reversed(sched.steps), reversed(tape)):
-        full = t.left if step.kind == "rake" else t.left[:, :, :, None] + t.right[:, None]  # (p, v[, c], b)
-        cond = full - full.amax(2, keepdim=True).clamp_min(torch.finfo(full.dtype).min)
-        if step.kind == "rake":
-            joint = mm.index_select(0, step.parent).unsqueeze(2) + cond
-        else:
-            triple = J.index_select(0, step.child).unsqueeze(2) + cond  # (p, v, c, b)
-            joint = triple.amax(3)
-            J.index_copy_(0, step.child, triple.amax(1))
-        J.index_copy_(0, step.node, joint)
-        mm.index_copy_(0, step.node, joint.amax(1))
-    return mm
+    others = torch.where(torch.isfinite(group), group - root_u.amax(1), -math.inf)
+    return _outside(root_u + others.unsqueeze(1), tape, sched, "max")[0]
 
 
 def _pair_from_joints(J: torch.Tensor, sched: Schedule, num_edge_slots: int) -> torch.Tensor:
@@ -350,20 +341,20 @@ def _per_slot(grad: torch.Tensor, num_slots: int) -> torch.Tensor:
 # ---------------------------------------------------------------------- autograd functions
 def _map_pass(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-graph MAP values [G, B] and the assignment y [N, B]."""
-    values, U, tape = _contract(unary, pair, sched, "max")
+    values, U, tape = _contract(unary, pair, sched, "max", keep="args")
     return values, _argmax_backtrack(U, tape, sched)
 
 
 def _logz_pass(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule) -> torch.Tensor:
     """Per-graph log Z [G, B]."""
-    return _contract(unary, pair, sched, "sum", keep=False)[0]
+    return _contract(unary, pair, sched, "sum", keep=None)[0]
 
 
 def _marginal_pass(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """log Z [G, B], unary marginals [N, K, B] and per-slot joints [N, K, K, B]."""
     logz, U, tape = _contract(unary, pair, sched, "sum")
-    return (logz, *_marginals(U, tape, sched))
+    return (logz, *_outside(_lse_and_cond(U.index_select(0, sched.roots), 1)[1], tape, sched, "sum"))
 
 
 def _max_marginal_pass(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule) -> torch.Tensor:
