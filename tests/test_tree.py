@@ -796,3 +796,56 @@ def test_compiled_equals_eager_with_impossible_rows(compiled):
 def test_set_compile_rejects_non_bool(value):
     with pytest.raises(TypeError, match="set_compile expects a bool"):
         inf.set_compile(value)
+
+
+# ---------------------------------------------------------------------- the fused CPU kernels (set_fused)
+@pytest.fixture(scope="module")
+def fused_kernels():
+    """The passes of CPU tensors through the fused C++ kernels (built once; a failed build fails here)."""
+    inf.set_fused(True)
+    try:
+        yield
+    finally:
+        inf.set_fused(False)
+
+
+@settings(max_examples=100, deadline=None)
+@given(pot=st.one_of(potentials(graphs(forest=True), dtypes=BOTH_DTYPES), ensemble_potentials()))
+def test_fused_passes_match_brute_force(fused_kernels, pot):
+    """MAP, log Z, marginals and max-marginals of the fused kernels on random forests and ensembles
+    (-inf entries, ties, empty batches) against enumeration."""
+    check_against_brute_force(pot)
+
+
+@pytest.mark.parametrize("graph", [Graph(1, []), Graph.empty(4), Graph.chain(40), Graph.star(9)],
+                         ids=["single-node", "isolated", "long-chain", "star"])
+def test_fused_equals_eager(fused_kernels, graph):
+    """The fused kernels give the eager passes' values over a batch past one parallel chunk (600 rows),
+    with impossible rows; MAP assignments score the MAP value."""
+    pot = make_potentials(graph, 3, (600,), torch.float64, seed=3, inf_prob=0.1)
+    unary = pot.unary.clone()
+    unary[0] = NEG_INF  # a row with no possible assignment
+    pot = Potentials(unary, pot.pairwise, pot.graph)
+    outs = []
+    for enabled in (True, False):
+        inf.set_fused(enabled)
+        outs.append((inf.tree_map(pot)[0], inf.tree_logz(pot), *inf.tree_marginals(pot), inf.tree_max_marginals(pot)))
+    inf.set_fused(True)
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    score, y = inf.tree_map(pot)
+    torch.testing.assert_close(pot.score(y)[1:], score[1:])
+    assert_no_nan(*outs[0])
+
+
+def test_fused_logz_gradcheck(fused_kernels):
+    g = GRADCHECK_GRAPHS["chain"]
+    pot = make_potentials(g, 3, (2,), torch.float64, seed=7)
+    unary, pair = (t.detach().clone().requires_grad_() for t in (pot.unary, pot.pairwise))
+    assert torch.autograd.gradcheck(lambda u, p: inf.tree_logz(Potentials(u, p, g)), (unary, pair))
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_set_fused_rejects_non_bool(value):
+    with pytest.raises(TypeError, match="set_fused expects a bool"):
+        inf.set_fused(value)

@@ -1,6 +1,7 @@
 """Inference ops on batched ``Potentials``: exact on trees, brute force, K-best, smoothed LP."""
 
 from .exact import brute_force_kbest, brute_force_logz, brute_force_map, brute_force_marginals
+from .fused import set_fused
 from .kbest import ensemble_map, tree_kbest
 from .lp import LPResult, lp_map
 from .smoothed import SmoothedLPResult, smoothed_lp
@@ -15,6 +16,7 @@ __all__ = [
     "brute_force_marginals",
     "lp_map",
     "set_compile",
+    "set_fused",
     "smoothed_lp",
     "ensemble_map",
     "tree_kbest",

@@ -37,6 +37,7 @@ import torch
 
 from ..graph import Schedule
 from ..potentials import Potentials
+from . import fused
 
 __all__ = ["tree_map", "tree_logz", "tree_marginals", "tree_max_marginals", "tree_sample", "set_compile"]
 
@@ -166,13 +167,28 @@ def set_compile(enabled: bool) -> None:
 
 
 def _run(fn: Callable, sched: Schedule, *tensors: torch.Tensor):
-    """fn(*tensors, sched), eagerly or (``set_compile(True)``) by its compiled program for this schedule."""
+    """fn(*tensors, sched): by the fused CPU kernels (``set_fused(True)``), by its compiled program for this
+    schedule (``set_compile(True)``) or eagerly."""
+    if fused.active(tensors[0]):
+        return _fused(fn, sched, *tensors)
     if not _COMPILE["enabled"]:
         return fn(*tensors, sched)
     key = (fn.__name__, id(sched))
     if key not in _COMPILED:  # the schedule is kept with its program: its id stays unique
         _COMPILED[key] = (sched, torch.compile(lambda *t: fn(*t, sched), dynamic=False, options=_INDUCTOR))
     return _COMPILED[key][1](*tensors)
+
+
+def _fused(fn: Callable, sched: Schedule, unary: torch.Tensor, pair: torch.Tensor):
+    """The pass ``fn`` (one of the ``_*_pass`` functions) by the fused CPU kernels: the same outputs."""
+    k = fused.kernels()
+    args = (unary.contiguous(), _edge_matrices(pair, sched).contiguous(), *fused.forest(sched), sched.num_groups)
+    if fn is _map_pass:
+        return tuple(k.tree_map(*args))
+    if fn is _logz_pass:
+        return k.tree_logz(*args)
+    values, mu, J = k.tree_marginals(*args, fn is _max_marginal_pass)
+    return mu if fn is _max_marginal_pass else (values, mu, J)
 
 
 # ---------------------------------------------------------------------- forward contraction
