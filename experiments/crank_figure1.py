@@ -2,7 +2,7 @@
 
     python experiments/crank_figure1.py [--sizes 25 50 100 200 400] [--reps 10]
                                         [--models crank full greedy project mst independent] [--l2 0.01]
-                                        [--out experiments/results/crank_figure1]
+                                        [--out experiments/results/crank_figure1] [--resume]
 
 Protocol (the paper's Sec. 5, "Synthetic Data"): x in R^4, a random tree T over n = 10 labels and weights
 w in W_T on it (``structtorch.data.crank_synthetic``: uniform random spanning tree, Gaussian unary and
@@ -16,7 +16,8 @@ data.seed=<r> model.l2=<l2>``), trained on the whole training set (no validation
 the test set. Edge recovery is the fraction of the true tree's n - 1 = 9 edges in the learned structure,
 for the models whose learned structure is a forest (CRANK, Greedy, Project, MST); blank for Full and Empty.
 
-Writes <out>_runs.md / .csv (every run; rewritten after each run, so a long job keeps what it has),
+Writes <out>_runs.md / .csv (every run; rewritten after each run, so a long job keeps what it has; ``--resume``
+keeps the runs already there and runs only the missing (size, rep, model) triples),
 <out>.md / .csv (mean and 2 standard errors over the repetitions per size x model) and <out>.png (Hamming,
 0/1 and example-F1 accuracy against the training-set size, log x axis, mean +- 2 SE per model).
 
@@ -37,7 +38,7 @@ from pathlib import Path
 
 from crank_table1 import MODELS
 from hydra import compose, initialize_config_dir
-from tables import plot_curves, summarize, write_table
+from tables import plot_curves, read_rows, summarize, write_table
 
 from structtorch.data import crank_synthetic
 from structtorch.train import run
@@ -105,14 +106,19 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--l2", type=float, default=0.01, help="one l2 for every model (no CV; see the docstring)")
     ap.add_argument("--out", default=str(ROOT / "experiments/results/crank_figure1"))
+    ap.add_argument("--resume", action="store_true", help="keep <out>_runs.csv's runs, run only the missing ones")
     args = ap.parse_args()
     out = Path(args.out)
-    rows: list[dict] = []
+    runs_csv = out.parent / (out.name + "_runs.csv")
+    rows: list[dict] = read_rows(runs_csv) if args.resume and runs_csv.exists() else []
+    done = {(int(r["size"]), int(r["rep"]), r["model"]) for r in rows}
     try:
         for rep in range(args.reps):  # repetitions outermost: a stopped job keeps whole curves
             for size in args.sizes:
                 truth = None
                 for model in args.models:
+                    if (size, rep, MODELS[model]) in done:
+                        continue
                     cfg = config(model, size, rep, args.l2)
                     truth = truth or true_edges(cfg)  # same data.seed: the same tree for every model
                     with tempfile.TemporaryDirectory() as tmp:
