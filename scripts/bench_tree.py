@@ -1,6 +1,6 @@
 """Tree MAP, log Z and marginals on chains: structtorch vs torch-struct's LinearChainCRF, side by side.
 
-    python scripts/bench_tree.py [--device cuda] [--quick] [--repeats 5] [--threads 1] [--compile]
+    python scripts/bench_tree.py [--device cuda] [--quick] [--repeats 5] [--threads 1] [--compile | --fused]
                                  [--out scripts/results/bench_tree.json]
 
 For every (B, n, K) both libraries get the same chain potentials (float32); times are the best
@@ -30,7 +30,9 @@ with E = n - 1 and s = 4 (float32); achieved bytes/s = bytes / our time, and "x 
 
 ``--compile``: issue #14's rows only, map and marg also with ``inference.set_compile(True)`` (torch.compile
 of the whole pass per schedule), timed after a first call that compiles (its seconds reported as
-``compile_s``, not in the times); written to ``bench_tree_compile.json`` beside --out.
+``compiled_first_s``, not in the times); written to ``bench_tree_compile.json`` beside --out.
+``--fused``: the same with ``inference.set_fused(True)`` (the fused C++ kernels of CPU tensors; the first
+calls' seconds, ``fused_first_s``, include building them if not cached); written to ``bench_tree_fused.json``.
 """
 
 from __future__ import annotations
@@ -124,24 +126,34 @@ def calls(unary: torch.Tensor, pairwise: torch.Tensor, graph: st.Graph, edge: to
     }
 
 
-def compiled_times(row: dict, ours: dict, device: torch.device, repeats: int, bandwidth: float) -> None:
-    """map / marg with set_compile(True) into row: compile seconds (the first calls), times, ratios, x floor."""
-    inf.set_compile(True)
+#: opt-in variants of the passes: --compile and --fused time map and marg again with these switched on
+VARIANTS = {"compiled": inf.set_compile, "fused": inf.set_fused}
+
+
+def variant_times(row: dict, name: str, ours: dict, device: torch.device, repeats: int, bandwidth: float) -> None:
+    """map / marg with VARIANTS[name] on into row: the first calls' seconds (compilation), times, ratios, x floor."""
+    VARIANTS[name](True)
     try:
         t = time.perf_counter()
         for op in ("map", "marg"):
             ours[op]()
-        row["compile_s"] = time.perf_counter() - t
+        row[f"{name}_first_s"] = time.perf_counter() - t
         for op in ("map", "marg"):
-            row[f"{op}_compiled_st"] = timeit(ours[op], device, repeats)
-            row[f"{op}_compiled_ratio"] = row[f"{op}_ts"] / row[f"{op}_compiled_st"]
-            row[f"{op}_compiled_floor_x"] = bandwidth * row[f"{op}_compiled_st"] / row[f"{op}_bytes"]
+            row[f"{op}_{name}_st"] = timeit(ours[op], device, repeats)
+            row[f"{op}_{name}_ratio"] = row[f"{op}_ts"] / row[f"{op}_{name}_st"]
+            row[f"{op}_{name}_floor_x"] = bandwidth * row[f"{op}_{name}_st"] / row[f"{op}_bytes"]
     finally:
-        inf.set_compile(False)
+        VARIANTS[name](False)
+
+
+def variant_summary(row: dict, name: str) -> str:
+    return (f" | {name} {row[f'{name}_first_s']:5.1f} s: {row[f'map_{name}_ratio']:6.2f}x"
+            f" {row[f'marg_{name}_ratio']:6.2f}x, floor x {row[f'map_{name}_floor_x']:4.0f}"
+            f" {row[f'marg_{name}_floor_x']:4.0f}")
 
 
 def run(device: torch.device, sizes: list[tuple[int, int, int]], repeats: int, bandwidth: float,
-        compiled: bool = False) -> list[dict]:
+        variant: str | None = None) -> list[dict]:
     rows = []
     for B, n, K in sizes:
         gen = torch.Generator().manual_seed(0)
@@ -159,17 +171,15 @@ def run(device: torch.device, sizes: list[tuple[int, int, int]], repeats: int, b
             row[f"{op}_bytes"] = nbytes
             row[f"{op}_bytes_per_s"] = nbytes / row[f"{op}_st"]
             row[f"{op}_floor_x"] = bandwidth / row[f"{op}_bytes_per_s"]
-        if compiled:
-            compiled_times(row, {op: fns[op][0] for op in ("map", "marg")}, device, repeats, bandwidth)
+        if variant:
+            variant_times(row, variant, {op: fns[op][0] for op in ("map", "marg")}, device, repeats, bandwidth)
         rows.append(row)
         print(f"{B:>5} {n:>5} {K:>2} | " + " ".join(f"{row[f'{op}_ratio']:7.2f}" for op in OPS)
               + f" | {row['map_st'] * 1e3:8.2f} {row['marg_st'] * 1e3:8.2f}"
               + f" | {row['map_bytes_per_s'] / 1e9:6.3f} {row['marg_bytes_per_s'] / 1e9:6.3f}"
               + f" | {row['map_floor_x']:7.0f} {row['marg_floor_x']:7.0f}"
               + f" | {row['marg_err_st']:.1e} {row['marg_err_ts']:.1e}"
-              + ("" if not compiled else f" | compiled {row['compile_s']:5.1f} s: {row['map_compiled_ratio']:6.2f}"
-                 f" {row['marg_compiled_ratio']:6.2f} x floor {row['map_compiled_floor_x']:5.0f}"
-                 f" {row['marg_compiled_floor_x']:5.0f}"), flush=True)
+              + (variant_summary(row, variant) if variant else ""), flush=True)
     return rows
 
 
@@ -179,7 +189,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--quick", action="store_true", help="small sizes only (smoke test)")
-    ap.add_argument("--compile", action="store_true", help="issue #14's rows, also with inference.set_compile(True)")
+    variant = ap.add_mutually_exclusive_group()
+    variant.add_argument("--compile", action="store_true",
+                         help="issue #14's rows, also with inference.set_compile(True)")
+    variant.add_argument("--fused", action="store_true", help="issue #14's rows, also with inference.set_fused(True)")
     ap.add_argument("--out", default="scripts/results/bench_tree.json")
     args = ap.parse_args()
     if LinearChainCRF is None:
@@ -191,7 +204,8 @@ def main() -> None:
     Bs, ns, Ks = ([1, 64], [16, 128], [2]) if args.quick else ([1, 64, 1024], [16, 128, 1024], [2, 8])
     sizes = [(B, n, K) for B in Bs for n in ns for K in Ks]
     sizes += [] if args.quick else [s for s in ISSUE_SIZES if s not in sizes]
-    if args.compile:
+    name = "compiled" if args.compile else "fused" if args.fused else None
+    if name:
         torch._dynamo.config.recompile_limit = 64  # every row's schedule compiles its own program
         sizes = ISSUE_SIZES
     print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()} repeats={args.repeats}")
@@ -200,17 +214,15 @@ def main() -> None:
     print("    B     n  K | ratio torch-struct / structtorch: " + " ".join(f"{op:>7}" for op in OPS)
           + " | ms ours:  map     marg | GB/s: map   marg | x floor: map   marg"
           + " | marginal error vs float64: ours torch-struct")
-    rows = run(device, sizes, args.repeats, bandwidth, args.compile)
+    rows = run(device, sizes, args.repeats, bandwidth, name)
     print("\nissue #14 rows (torch-struct / structtorch; x above the copy floor):")
     print("    B     n  K |     map    marg | floor x: map    marg")
     for row in rows:
         if (row["B"], row["n"], row["K"]) in ISSUE_SIZES:
             print(f"{row['B']:>5} {row['n']:>5} {row['K']:>2} | {row['map_ratio']:6.2f}x {row['marg_ratio']:6.2f}x"
                   f" | {row['map_floor_x']:10.0f} {row['marg_floor_x']:7.0f}"
-                  + ("" if not args.compile else f" | compiled: {row['map_compiled_ratio']:6.2f}x "
-                     f"{row['marg_compiled_ratio']:6.2f}x, floor x {row['map_compiled_floor_x']:4.0f} "
-                     f"{row['marg_compiled_floor_x']:4.0f}, compile {row['compile_s']:5.1f} s"))
-    out = args.out.replace(".json", "_compile.json") if args.compile else args.out
+                  + (variant_summary(row, name) if name else ""))
+    out = args.out.replace(".json", {"compiled": "_compile.json", "fused": "_fused.json"}.get(name, ".json"))
     write_results(out, rows, device, repeats=args.repeats, dtype="float32", copy_bytes_per_s=bandwidth)
 
 

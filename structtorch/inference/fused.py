@@ -1,10 +1,12 @@
 """Fused CPU kernels of the tree passes (``set_fused(True)``): ``csrc/tree_cpu.cpp``, built on first use.
 
-Each pass (MAP, log Z, marginals, max-marginals) is one C++ loop nest over the nodes in leaves-first order,
-its inner loops over contiguous batch entries (vectorised), the batch split over torch's threads: one
-read of the potentials instead of a few dozen small torch ops per contraction step. The kernels are built
-with the system's C++ compiler by ``torch.utils.cpp_extension`` (cached under ``TORCH_EXTENSIONS_DIR``,
-default ``~/.cache/torch_extensions``; tens of seconds the first time). CUDA tensors keep the eager (or
+Each pass (MAP, log Z, marginals, max-marginals) is one C++ loop nest over the nodes in leaves-first order
+that reads the potentials once: the batch is split over torch's threads and into cache-sized chunks,
+transposed to batch-minor buffers whose inner loops are SIMD loops over the chunk's entries (ATen's
+``Vectorized``, SLEEF's exp and log), and the outputs are written in the caller's layout. The kernels are
+built with the system's C++ compiler by ``torch.utils.cpp_extension`` for the CPU's vector extension (AVX2
++ FMA where torch reports AVX2 or AVX-512, else portable code; cached under ``TORCH_EXTENSIONS_DIR``,
+default ``~/.cache/torch_extensions``; about a minute the first time). CUDA tensors keep the eager (or
 compiled) passes, which stay the reference in the tests.
 """
 
@@ -39,8 +41,9 @@ def set_fused(enabled: bool) -> None:
 
 
 def active(t: torch.Tensor) -> bool:
-    """Whether the passes over ``t`` [N, K, B] run fused: enabled, on CPU, a non-empty batch."""
-    return _FUSED["enabled"] and t.device.type == "cpu" and t.shape[-1] > 0
+    """Whether the passes over ``t`` [N, K, B] run fused: enabled, on CPU, float32/64, a non-empty batch."""
+    return (_FUSED["enabled"] and t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
+            and t.shape[-1] > 0)
 
 
 def kernels() -> ModuleType:
@@ -48,9 +51,12 @@ def kernels() -> ModuleType:
     if _FUSED["module"] is None:
         from torch.utils.cpp_extension import load
 
+        avx2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+        arch = ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"] if avx2 else \
+            ["-DCPU_CAPABILITY=DEFAULT"]
         try:
-            _FUSED["module"] = load(name="structtorch_tree_cpu", sources=[str(_SOURCE)],
-                                    extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"])
+            _FUSED["module"] = load(name="structtorch_tree_cpu" + ("_avx2" if avx2 else ""), sources=[str(_SOURCE)],
+                                    extra_cflags=["-O3", "-fopenmp", *arch], extra_ldflags=["-fopenmp"])
         except Exception as err:  # noqa: BLE001 - any build failure means the same to the user
             raise RuntimeError(f"set_fused(True): building the fused CPU kernels ({_SOURCE.name}) failed; "
                                f"they need a C++ compiler and ninja. The eager passes still work.") from err
@@ -58,8 +64,9 @@ def kernels() -> ModuleType:
 
 
 def forest(sched: Schedule) -> tuple[torch.Tensor, ...]:
-    """(order, parent, roots, root_group) of a schedule for the kernels; order [C] lists the non-root slots
-    with every node after all of its children (a reversed breadth-first order from the roots)."""
+    """(order, parent, parent_edge, flip, roots, root_group) of a schedule for the kernels; order [C] lists the
+    non-root slots with every node after all of its children (a reversed breadth-first order from the roots),
+    flip [N] (bool) marks the slots whose parent edge is stored as (x_v, x_parent)."""
     key = id(sched)
     if key not in _ORDERS:  # the schedule is kept with its order: its id stays unique
         parent = sched.parent.tolist()
@@ -71,6 +78,7 @@ def forest(sched: Schedule) -> tuple[torch.Tensor, ...]:
         for v in bfs:  # grows while iterated: breadth-first
             bfs.extend(children[v])
         order = torch.tensor([v for v in reversed(bfs) if parent[v] >= 0], dtype=torch.long)
-        _ORDERS[key] = (sched, (order, sched.parent.contiguous(), sched.roots.contiguous(),
-                                sched.root_group.contiguous()))
+        flip = torch.zeros(len(parent), dtype=torch.bool).index_fill_(0, sched.flipped.cpu(), True)
+        arrays = (sched.parent, sched.parent_edge, flip, sched.roots, sched.root_group)
+        _ORDERS[key] = (sched, (order, *(a.cpu().contiguous() for a in arrays)))
     return _ORDERS[key][1]

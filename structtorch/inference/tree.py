@@ -180,15 +180,19 @@ def _run(fn: Callable, sched: Schedule, *tensors: torch.Tensor):
 
 
 def _fused(fn: Callable, sched: Schedule, unary: torch.Tensor, pair: torch.Tensor):
-    """The pass ``fn`` (one of the ``_*_pass`` functions) by the fused CPU kernels: the same outputs."""
+    """The pass ``fn`` (``_map_pass``, ``_logz_pass`` or ``_max_marginal_pass``) by the fused CPU kernels, same
+    outputs; ``_marginal_pass`` gives (log Z, marginals [N, K, B], masked pairwise marginals [NE, K, K, B])."""
     k = fused.kernels()
-    args = (unary.contiguous(), _edge_matrices(pair, sched).contiguous(), *fused.forest(sched), sched.num_groups)
+    u, p = unary.permute(2, 0, 1).contiguous(), pair.permute(3, 0, 1, 2).contiguous()  # the slots' own layout
+    args = (u, p, *fused.forest(sched), sched.num_groups)
     if fn is _map_pass:
-        return tuple(k.tree_map(*args))
+        values, y = k.tree_map(*args)
+        return values, y.T
     if fn is _logz_pass:
         return k.tree_logz(*args)
-    values, mu, J = k.tree_marginals(*args, fn is _max_marginal_pass)
-    return mu if fn is _max_marginal_pass else (values, mu, J)
+    values, mu, mu_pair = k.tree_marginals(*args, fn is _max_marginal_pass)
+    mu = mu.permute(1, 2, 0)
+    return mu if fn is _max_marginal_pass else (values, mu, mu_pair.permute(1, 2, 3, 0))
 
 
 # ---------------------------------------------------------------------- forward contraction
@@ -420,6 +424,8 @@ def _marginal_tensors(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unary [N, K, B] and pairwise [NE, K, K, B] marginals: one contraction and one outside pass."""
     with torch.no_grad():
+        if fused.active(unary):  # the kernel masks and orients the pairwise marginals itself
+            return _fused(_marginal_pass, sched, unary, pair)[1:]
         logz, mu, J = _run(_marginal_pass, sched, unary, pair)
         possible = torch.isfinite(logz).to(mu.dtype)  # [G, B]: a graph with Z = 0 has no marginals
         mu_pair = _pair_from_joints(J, sched, pair.shape[0])

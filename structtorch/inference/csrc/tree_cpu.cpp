@@ -1,162 +1,224 @@
 // Fused CPU tree passes (structtorch.inference.fused): MAP, log Z, marginals and max-marginals of a forest
 // as one loop nest each, instead of a chain of small torch ops per contraction step.
 //
-// Layout as in tree.py (batch-minor): U [N, K, B] unary per node slot, M [N, K, K, B] the potential of
-// each slot's parent edge oriented (x_parent, x_v). ``order`` [C]: the non-root slots, every node after
-// all of its children (leaves first); ``parent`` [N]; ``roots`` [R] with their graph ``root_group`` [R].
-// The batch is split into chunks run in parallel (at::parallel_for); within a chunk the nodes are
-// visited in order and every inner loop runs over the chunk's contiguous batch entries.
+// Inputs in the user's (batch-major) slot layout: unary u [B, N, K], pairwise p [B, NE, K, K] in stored
+// edge orientation. ``order`` [C]: the non-root slots, every node after all of its children (leaves
+// first); ``parent`` [N], ``parent_edge`` [N] (the edge slot joining v to its parent, -1 for roots) and
+// ``flip`` [N] (that edge is stored as (x_v, x_parent)); ``roots`` [R] with their graph ``root_group`` [R].
+//
+// The batch is split over torch's threads (at::parallel_for) and, within a thread, into chunks of W
+// entries transposed (8 x 8 blocks) into batch-minor buffers U [N, K, Wp] and P [NE, K, K, Wp] (Wp = W
+// rounded up to the SIMD width): every inner loop is a SIMD loop over the chunk's entries
+// (at::vec::Vectorized, with SLEEF's exp and log), the buffers stay in cache, and the outputs are
+// transposed straight into the caller's layout. The potentials are read once.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
 
-#include <cmath>
+#include <algorithm>
 #include <limits>
 #include <vector>
 
 namespace {
 
-constexpr int64_t kGrain = 256;  // batch entries per parallel chunk (a smaller batch runs inline)
+using at::vec::Vectorized;
+
+constexpr int64_t kMaxChunk = 256;        // batch entries per chunk at most
+constexpr int64_t kChunkBytes = 1 << 20;  // the chunk's buffers should fit in about this much cache
 
 struct Forest {
   const int64_t* order;
-  int64_t C;
   const int64_t* parent;
+  const int64_t* parent_edge;
+  const bool* flip;
   const int64_t* roots;
   const int64_t* root_group;
-  int64_t R;
-  int64_t K;
-  int64_t B;
+  int64_t C, R, G, N, NE, K, B;
 };
 
-Forest forest(const torch::Tensor& order, const torch::Tensor& parent, const torch::Tensor& roots,
-              const torch::Tensor& root_group, const torch::Tensor& U) {
-  TORCH_CHECK(U.dim() == 3 && U.is_contiguous(), "U must be a contiguous [N, K, B] tensor");
-  return {order.data_ptr<int64_t>(), order.numel(), parent.data_ptr<int64_t>(), roots.data_ptr<int64_t>(),
-          root_group.data_ptr<int64_t>(), roots.numel(), U.size(1), U.size(2)};
+Forest forest(const torch::Tensor& u, const torch::Tensor& p, const torch::Tensor& order, const torch::Tensor& parent,
+              const torch::Tensor& parent_edge, const torch::Tensor& flip, const torch::Tensor& roots,
+              const torch::Tensor& root_group, int64_t G) {
+  TORCH_CHECK(u.dim() == 3 && u.is_contiguous(), "unary must be a contiguous [B, N, K] tensor");
+  TORCH_CHECK(p.dim() == 4 && p.is_contiguous() && p.size(0) == u.size(0) && p.size(2) == u.size(2) &&
+                  p.size(3) == u.size(2) && p.scalar_type() == u.scalar_type(),
+              "pairwise must be a contiguous [B, NE, K, K] tensor of the unary's dtype");
+  TORCH_CHECK(flip.scalar_type() == torch::kBool && parent.numel() == u.size(1), "bad forest arrays");
+  return {order.data_ptr<int64_t>(), parent.data_ptr<int64_t>(), parent_edge.data_ptr<int64_t>(),
+          flip.data_ptr<bool>(), roots.data_ptr<int64_t>(), root_group.data_ptr<int64_t>(),
+          order.numel(), roots.numel(), G, u.size(1), p.size(1), u.size(2), u.size(0)};
 }
 
-// Inside pass over batch entries [b0, b1): raises every non-root node into its parent,
-// U[p, xp] += msg[v, xp] = max / logsumexp over xv of (U[v, xv] + M[v, xp, xv]), in place on U.
-// msg [N, K, B] and arg [N, K, B] (first maximiser, MAX only) are written when not null.
-template <typename T, bool MAX>
-void inside(const Forest& f, T* U, const T* M, T* msg, int64_t* arg, int64_t b0, int64_t b1) {
-  const int64_t K = f.K, B = f.B, W = b1 - b0;
-  const T ninf = -std::numeric_limits<T>::infinity();
-  std::vector<T> best(W), acc(W);
-  std::vector<int64_t> idx(W);
-  for (int64_t c = 0; c < f.C; ++c) {
-    const int64_t v = f.order[c], p = f.parent[v];
-    const T* Uv = U + v * K * B + b0;
-    T* Up = U + p * K * B + b0;
-    for (int64_t xp = 0; xp < K; ++xp) {
-      const T* row = M + (v * K + xp) * K * B + b0;  // M[v, xp, :, b0:]
-      for (int64_t b = 0; b < W; ++b) {
-        best[b] = Uv[b] + row[b];
-        idx[b] = 0;
-      }
-      for (int64_t xv = 1; xv < K; ++xv) {
-        const T* u = Uv + xv * B;
-        const T* m = row + xv * B;
-        for (int64_t b = 0; b < W; ++b) {
-          const T s = u[b] + m[b];
-          if (s > best[b]) {  // strict: the first maximiser
-            best[b] = s;
-            idx[b] = xv;
-          }
-        }
-      }
-      if (!MAX) {  // logsumexp = best + log(sum exp(s - best)); -inf when every term is -inf
-        for (int64_t b = 0; b < W; ++b) acc[b] = 0;
-        for (int64_t xv = 0; xv < K; ++xv) {
-          const T* u = Uv + xv * B;
-          const T* m = row + xv * B;
-          for (int64_t b = 0; b < W; ++b) acc[b] += best[b] == ninf ? T(0) : std::exp(u[b] + m[b] - best[b]);
-        }
-        for (int64_t b = 0; b < W; ++b) best[b] = best[b] == ninf ? ninf : best[b] + std::log(acc[b]);
-      }
-      T* up = Up + xp * B;
-      for (int64_t b = 0; b < W; ++b) up[b] += best[b];
-      if (msg != nullptr) std::copy(best.begin(), best.end(), msg + (v * K + xp) * B + b0);
-      if (arg != nullptr) std::copy(idx.begin(), idx.end(), arg + (v * K + xp) * B + b0);
-    }
-  }
+// The entries per chunk: W such that `per_entry` buffer elements per entry fit in kChunkBytes, a multiple
+// of the SIMD width, in [width, kMaxChunk].
+template <typename T>
+int64_t chunk_size(int64_t per_entry) {
+  const int64_t V = Vectorized<T>::size();
+  const int64_t W = kChunkBytes / std::max<int64_t>(1, per_entry * int64_t(sizeof(T)));
+  return std::max(V, std::min(kMaxChunk, W) / V * V);
 }
 
-// Per root r and batch entry: max / logsumexp over its states of U[r] (root_value [R, B]); values [G, B]
-// sums them per graph.
-template <typename T, bool MAX>
-void roots(const Forest& f, const T* U, T* root_value, T* values, int64_t b0, int64_t b1) {
-  const int64_t K = f.K, B = f.B;
-  const T ninf = -std::numeric_limits<T>::infinity();
-  for (int64_t i = 0; i < f.R; ++i) {
-    const T* u = U + f.roots[i] * K * B;
-    T* rv = root_value + i * B;
-    for (int64_t b = b0; b < b1; ++b) {
-      T m = u[b];
-      for (int64_t k = 1; k < K; ++k) m = std::max(m, u[k * B + b]);
-      if (!MAX && m != ninf) {
-        T s = 0;
-        for (int64_t k = 0; k < K; ++k) s += std::exp(u[k * B + b] - m);
-        m += std::log(s);
-      }
-      rv[b] = m;
-      values[f.root_group[i] * B + b] += m;
+// dst[j * ld_dst + i] = src[i * ld_src + j] for i < rows, j < cols, by 8 x 8 blocks.
+template <typename T>
+void transpose(const T* src, int64_t ld_src, T* dst, int64_t ld_dst, int64_t rows, int64_t cols) {
+  constexpr int64_t S = 8;
+  for (int64_t i = 0; i < rows; i += S)
+    for (int64_t j = 0; j < cols; j += S) {
+      const T* s = src + i * ld_src + j;
+      T* d = dst + j * ld_dst + i;
+      if (i + S <= rows && j + S <= cols)
+        at::vec::transpose_mxn<T, S, S>(s, ld_src, d, ld_dst);
+      else
+        at::vec::transpose_mxn<T>(s, ld_src, d, ld_dst, int(std::min(S, rows - i)), int(std::min(S, cols - j)));
     }
+}
+
+// The batch-minor buffers of one chunk: entries [b0, b0 + W), padded with zeros to Wp.
+template <typename T>
+struct Chunk {
+  int64_t b0 = 0, W = 0, Wp = 0;
+  std::vector<T> U, P;  // [N, K, Wp], [NE, K, K, Wp] (stored edge orientation)
+
+  void load(const Forest& f, const T* u, const T* p, int64_t b0_, int64_t W_) {
+    const int64_t V = Vectorized<T>::size(), NK = f.N * f.K, EKK = f.NE * f.K * f.K;
+    b0 = b0_;
+    W = W_;
+    Wp = (W + V - 1) / V * V;
+    fill(U, u, NK);
+    fill(P, p, EKK);
   }
+
+  // The slot-oriented row M[v, xp, xv] of the chunk's P (v not a root).
+  T* M(const Forest& f, int64_t v, int64_t xp, int64_t xv) {
+    const int64_t K = f.K;
+    return P.data() + (f.parent_edge[v] * K * K + (f.flip[v] ? xv * K + xp : xp * K + xv)) * Wp;
+  }
+
+ private:
+  void fill(std::vector<T>& buf, const T* x, int64_t R) {  // buf [R, Wp] from x [B, R]
+    buf.resize(R * Wp);
+    transpose(x + b0 * R, R, buf.data(), Wp, W, R);
+    if (W < Wp)
+      for (int64_t j = 0; j < R; ++j) std::fill(buf.data() + j * Wp + W, buf.data() + (j + 1) * Wp, T(0));
+  }
+};
+
+template <typename T>
+Vectorized<T> load(const T* x) {
+  return Vectorized<T>::loadu(x);
 }
 
 template <typename T>
-void map_chunk(const Forest& f, T* U, const T* M, int64_t* arg, T* root_value, T* values, int64_t* y, int64_t b0,
-               int64_t b1) {
-  const int64_t K = f.K, B = f.B;
-  inside<T, true>(f, U, M, nullptr, arg, b0, b1);
-  roots<T, true>(f, U, root_value, values, b0, b1);
-  for (int64_t i = 0; i < f.R; ++i) {  // each root's first maximiser
-    const int64_t r = f.roots[i];
-    const T* u = U + r * K * B;
-    for (int64_t b = b0; b < b1; ++b) {
-      int64_t a = 0;
-      for (int64_t k = 1; k < K; ++k) a = u[k * B + b] > u[a * B + b] ? k : a;
-      y[r * B + b] = a;
+Vectorized<T> ninf() {
+  return Vectorized<T>(-std::numeric_limits<T>::infinity());
+}
+
+// Inside pass: raises every non-root node into its parent, U[p, xp] += msg[v, xp] = max / logsumexp over
+// xv of (U[v, xv] + M[v, xp, xv]), in place on the chunk's U. arg [N, K, Wp] (MAX only, when not null)
+// gets the first maximiser as a T. COND: M[v, xp, xv] is replaced by the conditional of xv given xp,
+// U[v, xv] + M[v, xp, xv] - msg[v, xp] (MAX, -inf when msg is) or its exp (sum, 0 when msg is -inf).
+template <typename T, bool MAX, bool COND>
+void inside(const Forest& f, Chunk<T>& c, T* arg) {
+  using Vec = Vectorized<T>;
+  const int64_t K = f.K, Wp = c.Wp;
+  const Vec zero(T(0));
+  std::vector<T*> row(K);  // M[v, xp, xv] for xv < K
+  for (int64_t i = 0; i < f.C; ++i) {
+    const int64_t v = f.order[i], p = f.parent[v];
+    const T* Uv = c.U.data() + v * K * Wp;
+    T* Up = c.U.data() + p * K * Wp;
+    for (int64_t xp = 0; xp < K; ++xp) {
+      for (int64_t xv = 0; xv < K; ++xv) row[xv] = c.M(f, v, xp, xv);
+      for (int64_t w = 0; w < Wp; w += Vec::size()) {
+        Vec best = load(Uv + w) + load(row[0] + w), idx(T(0));
+        for (int64_t xv = 1; xv < K; ++xv) {
+          const Vec s = load(Uv + xv * Wp + w) + load(row[xv] + w);
+          if (MAX) idx = Vec::blendv(idx, Vec(T(xv)), s > best);  // strict: the first maximiser
+          best = at::vec::maximum(best, s);
+        }
+        if (!MAX || COND) {  // sum: best + log(sum exp(s - best)), -inf + log(0) when every s is -inf
+          const Vec dead = best == ninf<T>();
+          Vec acc(T(0));
+          for (int64_t xv = 0; xv < K; ++xv) {
+            T* m = row[xv] + w;
+            const Vec s = load(Uv + xv * Wp + w) + load(m);
+            if (MAX) {
+              Vec::blendv(s - best, ninf<T>(), dead).store(m);
+            } else {
+              const Vec e = Vec::blendv((s - best).exp(), zero, dead);
+              acc += e;
+              if (COND) e.store(m);
+            }
+          }
+          if (!MAX) {
+            if (COND) {
+              const Vec inv = Vec::blendv(Vec(T(1)) / acc, zero, dead);
+              for (int64_t xv = 0; xv < K; ++xv) (load(row[xv] + w) * inv).store(row[xv] + w);
+            }
+            best += acc.log();
+          }
+        }
+        (load(Up + xp * Wp + w) + best).store(Up + xp * Wp + w);
+        if (MAX && arg != nullptr) idx.store(arg + (v * K + xp) * Wp + w);
+      }
     }
-  }
-  for (int64_t c = f.C - 1; c >= 0; --c) {  // parents before children
-    const int64_t v = f.order[c], p = f.parent[v];
-    for (int64_t b = b0; b < b1; ++b) y[v * B + b] = arg[(v * K + y[p * B + b]) * B + b];
   }
 }
 
-// Outside pass over [b0, b1), sum or max semiring, from the roots' (max-)marginals already in mu:
-// joint[v, xp, xv] = mu[p, xp] (x) cond(xv | xp), cond = U[v, xv] + M[v, xp, xv] - msg[v, xp] in log space
-// (the term impossible when msg is -inf); mu[v, xv] = (+) over xp of the joint. J [N, K, K, B] (sum only)
-// keeps the joints.
+// Per root i: its value rv [R, Wp] = max / logsumexp over its states of U[r] (and its first maximiser
+// into y0 [R, Wp] when not null); vals [G, Wp] sums them per graph.
 template <typename T, bool MAX>
-void outside(const Forest& f, const T* U, const T* M, const T* msg, T* mu, T* J, int64_t b0, int64_t b1) {
-  const int64_t K = f.K, B = f.B;
-  const T ninf = -std::numeric_limits<T>::infinity();
-  for (int64_t c = f.C - 1; c >= 0; --c) {
-    const int64_t v = f.order[c], p = f.parent[v];
-    T* mv = mu + v * K * B;
-    for (int64_t xv = 0; xv < K; ++xv)
-      for (int64_t b = b0; b < b1; ++b) mv[xv * B + b] = MAX ? ninf : T(0);
+void root_values(const Forest& f, const Chunk<T>& c, T* rv, T* vals, T* y0) {
+  using Vec = Vectorized<T>;
+  const int64_t K = f.K, Wp = c.Wp;
+  std::fill(vals, vals + f.G * Wp, T(0));
+  for (int64_t i = 0; i < f.R; ++i) {
+    const T* u = c.U.data() + f.roots[i] * K * Wp;
+    for (int64_t w = 0; w < Wp; w += Vec::size()) {
+      Vec m = load(u + w), idx(T(0));
+      for (int64_t k = 1; k < K; ++k) {
+        const Vec s = load(u + k * Wp + w);
+        idx = Vec::blendv(idx, Vec(T(k)), s > m);
+        m = at::vec::maximum(m, s);
+      }
+      if (!MAX) {
+        const Vec dead = m == ninf<T>();
+        Vec acc(T(0));
+        for (int64_t k = 0; k < K; ++k) acc += Vec::blendv((load(u + k * Wp + w) - m).exp(), Vec(T(0)), dead);
+        m += acc.log();
+      }
+      m.store(rv + i * Wp + w);
+      T* val = vals + f.root_group[i] * Wp + w;
+      (load(val) + m).store(val);
+      if (y0 != nullptr) idx.store(y0 + i * Wp + w);
+    }
+  }
+}
+
+// Outside pass, sum or max semiring, from the roots' (max-)marginals already in mu [N, K, Wp] and the
+// conditionals left in M by inside<.., COND>: joint[v, xp, xv] = mu[p, xp] (x) cond(xv | xp),
+// mu[v, xv] = (+) over xp of the joint. J (sum only) keeps the joints in P's layout [NE, K, K, Wp].
+template <typename T, bool MAX>
+void outside(const Forest& f, Chunk<T>& c, T* mu, T* J) {
+  using Vec = Vectorized<T>;
+  const int64_t K = f.K, Wp = c.Wp;
+  for (int64_t i = f.C - 1; i >= 0; --i) {
+    const int64_t v = f.order[i], p = f.parent[v];
+    T* mv = mu + v * K * Wp;
+    std::fill(mv, mv + K * Wp, MAX ? -std::numeric_limits<T>::infinity() : T(0));
     for (int64_t xp = 0; xp < K; ++xp) {
-      const T* mp = mu + (p * K + xp) * B;
-      const T* ms = msg + (v * K + xp) * B;
+      const T* mp = mu + (p * K + xp) * Wp;
       for (int64_t xv = 0; xv < K; ++xv) {
-        const T* u = U + (v * K + xv) * B;
-        const T* m = M + ((v * K + xp) * K + xv) * B;
-        T* out = mv + xv * B;
-        if (MAX) {
-          for (int64_t b = b0; b < b1; ++b) {
-            const T j = ms[b] == ninf ? ninf : mp[b] + (u[b] + m[b] - ms[b]);
-            out[b] = std::max(out[b], j);
-          }
-        } else {
-          T* jv = J + ((v * K + xp) * K + xv) * B;
-          for (int64_t b = b0; b < b1; ++b) {
-            const T j = ms[b] == ninf ? T(0) : mp[b] * std::exp(u[b] + m[b] - ms[b]);
-            jv[b] = j;
-            out[b] += j;
+        const T* cond = c.M(f, v, xp, xv);
+        T* joint = J == nullptr ? nullptr : J + (cond - c.P.data());
+        T* out = mv + xv * Wp;
+        for (int64_t w = 0; w < Wp; w += Vec::size()) {
+          if (MAX) {
+            at::vec::maximum(load(out + w), load(mp + w) + load(cond + w)).store(out + w);
+          } else {
+            const Vec j = load(mp + w) * load(cond + w);
+            j.store(joint + w);
+            (load(out + w) + j).store(out + w);
           }
         }
       }
@@ -164,97 +226,135 @@ void outside(const Forest& f, const T* U, const T* M, const T* msg, T* mu, T* J,
   }
 }
 
-std::vector<torch::Tensor> tree_map(const torch::Tensor& unary, const torch::Tensor& M, const torch::Tensor& order,
-                                    const torch::Tensor& parent, const torch::Tensor& roots_t,
+// The roots' marginals into mu: softmax of U[r] (sum) or U[r] plus the maxima of the other trees of its
+// graph (max); zeros / -inf where the root's graph has no possible assignment.
+template <typename T, bool MAX>
+void root_marginals(const Forest& f, const Chunk<T>& c, const T* rv, const T* vals, T* mu) {
+  using Vec = Vectorized<T>;
+  const int64_t K = f.K, Wp = c.Wp;
+  for (int64_t i = 0; i < f.R; ++i) {
+    const int64_t r = f.roots[i];
+    for (int64_t w = 0; w < Wp; w += Vec::size()) {
+      const Vec top = load(rv + i * Wp + w), total = load(vals + f.root_group[i] * Wp + w);
+      const Vec dead = (total - total) != Vec(T(0));  // log Z or max of the graph not finite
+      for (int64_t k = 0; k < K; ++k) {
+        const Vec x = load(c.U.data() + (r * K + k) * Wp + w);
+        const Vec m = MAX ? Vec::blendv(x + (total - top), ninf<T>(), dead)
+                          : Vec::blendv((x - top).exp(), Vec(T(0)), dead);
+        m.store(mu + (r * K + k) * Wp + w);
+      }
+    }
+  }
+}
+
+// Runs body(chunk) over the batch: threads over ranges of the batch, chunks of W entries within a range.
+template <typename T, typename Body>
+void for_chunks(const Forest& f, const T* u, const T* p, int64_t per_entry, const Body& body) {
+  const int64_t W = chunk_size<T>(per_entry);
+  at::parallel_for(0, f.B, W, [&](int64_t lo, int64_t hi) {
+    Chunk<T> c;
+    for (int64_t b = lo; b < hi; b += W) {
+      c.load(f, u, p, b, std::min(W, hi - b));
+      body(c);
+    }
+  });
+}
+
+// values [G, B] from vals [G, Wp]
+template <typename T>
+void store_values(const Forest& f, const Chunk<T>& c, const T* vals, T* values) {
+  for (int64_t g = 0; g < f.G; ++g)
+    for (int64_t w = 0; w < c.W; ++w) values[g * f.B + c.b0 + w] = vals[g * c.Wp + w];
+}
+
+std::vector<torch::Tensor> tree_map(const torch::Tensor& u, const torch::Tensor& p, const torch::Tensor& order,
+                                    const torch::Tensor& parent, const torch::Tensor& parent_edge,
+                                    const torch::Tensor& flip, const torch::Tensor& roots,
                                     const torch::Tensor& root_group, int64_t G) {
-  auto U = unary.clone(at::MemoryFormat::Contiguous);
-  const Forest f = forest(order, parent, roots_t, root_group, U);
-  auto values = torch::zeros({G, f.B}, U.options());
-  auto root_value = torch::empty({f.R, f.B}, U.options());
-  auto arg = torch::empty(U.sizes(), U.options().dtype(torch::kLong));
-  auto y = torch::empty({U.size(0), f.B}, U.options().dtype(torch::kLong));
-  AT_DISPATCH_FLOATING_TYPES(U.scalar_type(), "tree_map", [&] {
-    at::parallel_for(0, f.B, kGrain, [&](int64_t b0, int64_t b1) {
-      map_chunk<scalar_t>(f, U.data_ptr<scalar_t>(), M.data_ptr<scalar_t>(), arg.data_ptr<int64_t>(),
-                          root_value.data_ptr<scalar_t>(), values.data_ptr<scalar_t>(), y.data_ptr<int64_t>(), b0, b1);
+  const Forest f = forest(u, p, order, parent, parent_edge, flip, roots, root_group, G);
+  auto values = torch::empty({G, f.B}, u.options());
+  auto y = torch::empty({f.B, f.N}, u.options().dtype(torch::kLong));
+  AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "tree_map", [&] {
+    using T = scalar_t;
+    for_chunks<T>(f, u.data_ptr<T>(), p.data_ptr<T>(), f.N * 2 * f.K + f.NE * f.K * f.K + 2 * f.N, [&](Chunk<T>& c) {
+      const int64_t K = f.K, Wp = c.Wp;
+      std::vector<T> arg(f.N * K * Wp), rv(f.R * Wp), vals(f.G * Wp), y0(f.R * Wp);
+      std::vector<int32_t> yc(f.N * Wp);
+      inside<T, true, false>(f, c, arg.data());
+      root_values<T, true>(f, c, rv.data(), vals.data(), y0.data());
+      for (int64_t i = 0; i < f.R; ++i)
+        for (int64_t w = 0; w < Wp; ++w) yc[f.roots[i] * Wp + w] = int32_t(y0[i * Wp + w]);
+      for (int64_t i = f.C - 1; i >= 0; --i) {  // parents before children
+        const int64_t v = f.order[i], pv = f.parent[v];
+        for (int64_t w = 0; w < Wp; ++w) yc[v * Wp + w] = int32_t(arg[(v * K + yc[pv * Wp + w]) * Wp + w]);
+      }
+      int64_t* yo = y.data_ptr<int64_t>();
+      for (int64_t w = 0; w < c.W; ++w)
+        for (int64_t v = 0; v < f.N; ++v) yo[(c.b0 + w) * f.N + v] = yc[v * Wp + w];
+      store_values(f, c, vals.data(), values.data_ptr<T>());
     });
   });
   return {values, y};
 }
 
-torch::Tensor tree_logz(const torch::Tensor& unary, const torch::Tensor& M, const torch::Tensor& order,
-                        const torch::Tensor& parent, const torch::Tensor& roots_t, const torch::Tensor& root_group,
-                        int64_t G) {
-  auto U = unary.clone(at::MemoryFormat::Contiguous);
-  const Forest f = forest(order, parent, roots_t, root_group, U);
-  auto values = torch::zeros({G, f.B}, U.options());
-  auto root_value = torch::empty({f.R, f.B}, U.options());
-  AT_DISPATCH_FLOATING_TYPES(U.scalar_type(), "tree_logz", [&] {
-    at::parallel_for(0, f.B, kGrain, [&](int64_t b0, int64_t b1) {
-      inside<scalar_t, false>(f, U.data_ptr<scalar_t>(), M.data_ptr<scalar_t>(), nullptr, nullptr, b0, b1);
-      roots<scalar_t, false>(f, U.data_ptr<scalar_t>(), root_value.data_ptr<scalar_t>(),
-                             values.data_ptr<scalar_t>(), b0, b1);
+torch::Tensor tree_logz(const torch::Tensor& u, const torch::Tensor& p, const torch::Tensor& order,
+                        const torch::Tensor& parent, const torch::Tensor& parent_edge, const torch::Tensor& flip,
+                        const torch::Tensor& roots, const torch::Tensor& root_group, int64_t G) {
+  const Forest f = forest(u, p, order, parent, parent_edge, flip, roots, root_group, G);
+  auto values = torch::empty({G, f.B}, u.options());
+  AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "tree_logz", [&] {
+    using T = scalar_t;
+    for_chunks<T>(f, u.data_ptr<T>(), p.data_ptr<T>(), f.N * f.K + f.NE * f.K * f.K + 2 * f.N, [&](Chunk<T>& c) {
+      std::vector<T> rv(f.R * c.Wp), vals(f.G * c.Wp);
+      inside<T, false, false>(f, c, nullptr);
+      root_values<T, false>(f, c, rv.data(), vals.data(), nullptr);
+      store_values(f, c, vals.data(), values.data_ptr<T>());
     });
   });
   return values;
 }
 
-// Marginals: (log Z [G, B], mu [N, K, B], J [N, K, K, B]); the roots' mu = softmax(U[r]) (zeros when
-// impossible). Max-marginals (``max`` true): (values [G, B], mm [N, K, B], empty); a root's mm = U[r] plus
-// the maxima of the other trees of its graph (-inf when its graph has no possible assignment).
-std::vector<torch::Tensor> tree_marginals(const torch::Tensor& unary, const torch::Tensor& M,
-                                          const torch::Tensor& order, const torch::Tensor& parent,
-                                          const torch::Tensor& roots_t, const torch::Tensor& root_group, int64_t G,
-                                          bool max) {
-  auto U = unary.clone(at::MemoryFormat::Contiguous);
-  const Forest f = forest(order, parent, roots_t, root_group, U);
-  const int64_t K = f.K, B = f.B;
-  auto values = torch::zeros({G, B}, U.options());
-  auto root_value = torch::empty({f.R, B}, U.options());
-  auto msg = torch::empty(U.sizes(), U.options());
-  auto mu = torch::zeros(U.sizes(), U.options());
-  auto J = max ? torch::empty({0}, U.options()) : torch::zeros({U.size(0), K, K, B}, U.options());
-  AT_DISPATCH_FLOATING_TYPES(U.scalar_type(), "tree_marginals", [&] {
+// Marginals: (log Z [G, B], mu [B, N, K], pairwise marginals [B, NE, K, K] in stored orientation), all
+// zero for the rows of a graph with no possible assignment. Max-marginals (``max`` true): (max [G, B],
+// max-marginals [B, N, K], empty).
+std::vector<torch::Tensor> tree_marginals(const torch::Tensor& u, const torch::Tensor& p, const torch::Tensor& order,
+                                          const torch::Tensor& parent, const torch::Tensor& parent_edge,
+                                          const torch::Tensor& flip, const torch::Tensor& roots,
+                                          const torch::Tensor& root_group, int64_t G, bool max) {
+  const Forest f = forest(u, p, order, parent, parent_edge, flip, roots, root_group, G);
+  const int64_t K = f.K, KK = K * K;
+  auto values = torch::empty({G, f.B}, u.options());
+  auto mu = torch::empty(u.sizes(), u.options());
+  auto pair = max ? torch::empty({0}, u.options()) : torch::empty(p.sizes(), u.options());
+  AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "tree_marginals", [&] {
     using T = scalar_t;
-    at::parallel_for(0, B, kGrain, [&](int64_t b0, int64_t b1) {
-      T* u = U.data_ptr<T>();
-      T* rv = root_value.data_ptr<T>();
-      T* val = values.data_ptr<T>();
-      T* m = mu.data_ptr<T>();
-      const T ninf = -std::numeric_limits<T>::infinity();
+    for_chunks<T>(f, u.data_ptr<T>(), p.data_ptr<T>(), f.N * 2 * K + f.NE * 2 * KK + 2 * f.N, [&](Chunk<T>& c) {
+      const int64_t Wp = c.Wp;
+      std::vector<T> m(f.N * K * Wp), rv(f.R * Wp), vals(f.G * Wp);
+      std::vector<T> J(max ? 0 : f.NE * KK * Wp);
       if (max) {
-        inside<T, true>(f, u, M.data_ptr<T>(), msg.data_ptr<T>(), nullptr, b0, b1);
-        roots<T, true>(f, u, rv, val, b0, b1);
+        inside<T, true, true>(f, c, nullptr);
+        root_values<T, true>(f, c, rv.data(), vals.data(), nullptr);
+        root_marginals<T, true>(f, c, rv.data(), vals.data(), m.data());
+        outside<T, true>(f, c, m.data(), nullptr);
       } else {
-        inside<T, false>(f, u, M.data_ptr<T>(), msg.data_ptr<T>(), nullptr, b0, b1);
-        roots<T, false>(f, u, rv, val, b0, b1);
+        inside<T, false, true>(f, c, nullptr);
+        root_values<T, false>(f, c, rv.data(), vals.data(), nullptr);
+        root_marginals<T, false>(f, c, rv.data(), vals.data(), m.data());
+        outside<T, false>(f, c, m.data(), J.data());
       }
-      for (int64_t i = 0; i < f.R; ++i) {
-        const int64_t r = f.roots[i];
-        for (int64_t b = b0; b < b1; ++b) {
-          const T top = rv[i * B + b], total = val[f.root_group[i] * B + b];
-          for (int64_t k = 0; k < K; ++k) {
-            const T x = u[(r * K + k) * B + b];
-            if (max)
-              m[(r * K + k) * B + b] = std::isfinite(total) ? x + (total - top) : ninf;
-            else
-              m[(r * K + k) * B + b] = top == ninf ? T(0) : std::exp(x - top);
-          }
-        }
-      }
-      if (max)
-        outside<T, true>(f, u, M.data_ptr<T>(), msg.data_ptr<T>(), m, nullptr, b0, b1);
-      else
-        outside<T, false>(f, u, M.data_ptr<T>(), msg.data_ptr<T>(), m, J.data_ptr<T>(), b0, b1);
+      transpose(m.data(), Wp, mu.data_ptr<T>() + c.b0 * f.N * K, f.N * K, f.N * K, c.W);
+      if (!max) transpose(J.data(), Wp, pair.data_ptr<T>() + c.b0 * f.NE * KK, f.NE * KK, f.NE * KK, c.W);
+      store_values(f, c, vals.data(), values.data_ptr<T>());
     });
   });
-  return {values, mu, J};
+  return {values, mu, pair};
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("tree_map", &tree_map, "MAP values [G, B] and assignment [N, B]");
+  m.def("tree_map", &tree_map, "MAP values [G, B] and assignment [B, N]");
   m.def("tree_logz", &tree_logz, "log Z [G, B]");
-  m.def("tree_marginals", &tree_marginals, "(values, (max-)marginals, joints)");
+  m.def("tree_marginals", &tree_marginals, "(values [G, B], (max-)marginals [B, N, K], pairwise [B, NE, K, K])");
 }
