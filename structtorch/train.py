@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from .config import register_configs
 from .data import DenoisingDataModule, MultilabelDataModule, SyntheticDataModule, TreeCRFSyntheticDataModule
 from .data.download import DownloadError
+from .inference import set_fused
 from .learners import LEARNERS, StructuredLearner
 from .plots import close_figure
 
@@ -198,6 +199,7 @@ def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
     """Train + test as configured; returns the metrics also written to ``out_dir/metrics.json``."""
     out = Path(out_dir)
     L.seed_everything(cfg.seed, workers=True)
+    set_fused(cfg.fused)
     data_name = _run_key(cfg)[1]
     run_name = "-".join(_run_key(cfg))
     dm, model, ckpt = _prepare(cfg, out)

@@ -257,6 +257,23 @@ def _tensorboard_tags(logdir: Path) -> set[str]:
     return tags
 
 
+def test_fused_run_trains_the_same_model(tmp_path):
+    """``fused=true`` (the fused C++ tree kernels) trains a tree CRF to the eager run's test metrics, and a run
+    switches the kernels back off unless asked."""
+    from structtorch.inference import fused
+
+    overrides = ["model=fixed_tree", "model.loss=crf", "logger=none", "trainer.max_epochs=5"]
+    for name in ("eager", "fused", "off"):
+        (tmp_path / name).mkdir()
+    eager = run(small_cfg(*overrides), tmp_path / "eager")
+    fast = run(small_cfg(*overrides, "fused=true"), tmp_path / "fused")
+    assert fused.active(torch.zeros(1, 1, 1))
+    for key in ("test/hamming_acc", "test/subset_acc", "test/example_f1"):
+        assert fast[key] == pytest.approx(eager[key], abs=1e-6), key
+    run(small_cfg(*overrides, "trainer.max_epochs=1"), tmp_path / "off")
+    assert not fused.active(torch.zeros(1, 1, 1))
+
+
 def test_run_without_test_writes_only_timing(tmp_path):
     metrics = run(small_cfg("test=false", "trainer.max_epochs=1"), tmp_path)
     assert "train_seconds" in metrics and not any(k.startswith("test") for k in metrics)

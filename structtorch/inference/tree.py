@@ -24,7 +24,11 @@ region) and recovers arguments only along the backtracked rows (``_first_argmax`
 
 ``set_compile(True)`` (opt-in; off by default) runs the MAP, log Z and marginal passes through
 ``torch.compile`` instead: one program per schedule and pass with every step unrolled, so inductor
-fuses the small ops of a step (C++/OpenMP on CPU, Triton on GPU). The eager passes stay the reference.
+fuses the small ops of a step (C++/OpenMP on CPU, Triton on GPU). ``set_fused(True)`` (opt-in; see
+``fused``) runs the passes of CPU tensors through hand-written C++ kernels instead: one loop nest per pass,
+SIMD over batch entries, the potentials read once (on chains of 128 labels, B = 1024: MAP 3x and
+marginals 7x the time of copying that many bytes, against 30x for the eager passes). The eager passes stay
+the reference.
 """
 
 from __future__ import annotations
