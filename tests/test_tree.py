@@ -817,20 +817,29 @@ def test_fused_passes_match_brute_force(fused_kernels, pot):
     check_against_brute_force(pot)
 
 
-@pytest.mark.parametrize("graph", [Graph(1, []), Graph.empty(4), Graph.chain(40), Graph.star(9)],
-                         ids=["single-node", "isolated", "long-chain", "star"])
-def test_fused_equals_eager(fused_kernels, graph):
-    """The fused kernels give the eager passes' values over a batch past one parallel chunk (600 rows),
-    with impossible rows; MAP assignments score the MAP value."""
-    pot = make_potentials(graph, 3, (600,), torch.float64, seed=3, inf_prob=0.1)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("graph", "K"), [(Graph(1, []), 3), (Graph.empty(4), 3), (Graph.chain(40), 3),
+                                          (Graph.star(9), 3), (Graph.chain(40), 20)],
+                         ids=["single-node", "isolated", "long-chain", "star", "long-chain-K20"])
+def test_fused_equals_eager(fused_kernels, graph, K, threads):
+    """The fused kernels give the eager passes' values over a batch of several chunks (600 rows; at K = 20 the
+    chunks shrink to 4 rows to stay in cache), split over one or two threads, with impossible rows; MAP
+    assignments score the MAP value."""
+    pot = make_potentials(graph, K, (600,), torch.float64, seed=3, inf_prob=0.1)
     unary = pot.unary.clone()
     unary[0] = NEG_INF  # a row with no possible assignment
     pot = Potentials(unary, pot.pairwise, pot.graph)
     outs = []
-    for enabled in (True, False):
-        inf.set_fused(enabled)
-        outs.append((inf.tree_map(pot)[0], inf.tree_logz(pot), *inf.tree_marginals(pot), inf.tree_max_marginals(pot)))
-    inf.set_fused(True)
+    default_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for enabled in (True, False):
+            inf.set_fused(enabled)
+            outs.append((inf.tree_map(pot)[0], inf.tree_logz(pot), *inf.tree_marginals(pot),
+                         inf.tree_max_marginals(pot)))
+    finally:
+        torch.set_num_threads(default_threads)
+        inf.set_fused(True)
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     score, y = inf.tree_map(pot)
