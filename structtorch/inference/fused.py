@@ -23,6 +23,7 @@ __all__ = ["set_fused"]
 
 _FUSED: dict = {"enabled": False, "module": None}
 _ORDERS: dict[int, tuple[Schedule, tuple[torch.Tensor, ...]]] = {}
+_MAX_ORDERS = 1024  # schedules whose kernel arrays are kept (the oldest dropped first)
 _SOURCE = Path(__file__).parent / "csrc" / "tree_cpu.cpp"
 
 
@@ -80,5 +81,7 @@ def forest(sched: Schedule) -> tuple[torch.Tensor, ...]:
         order = torch.tensor([v for v in reversed(bfs) if parent[v] >= 0], dtype=torch.long)
         flip = torch.zeros(len(parent), dtype=torch.bool).index_fill_(0, sched.flipped.cpu(), True)
         arrays = (sched.parent, sched.parent_edge, flip, sched.roots, sched.root_group)
+        if len(_ORDERS) >= _MAX_ORDERS:
+            del _ORDERS[next(iter(_ORDERS))]
         _ORDERS[key] = (sched, (order, *(a.cpu().contiguous() for a in arrays)))
     return _ORDERS[key][1]
