@@ -858,3 +858,20 @@ def test_fused_logz_gradcheck(fused_kernels):
 def test_set_fused_rejects_non_bool(value):
     with pytest.raises(TypeError, match="set_fused expects a bool"):
         inf.set_fused(value)
+
+
+def test_set_fused_reports_a_failed_build(monkeypatch):
+    """Without a working compiler, set_fused(True) raises a RuntimeError that says so and stays off."""
+    import torch.utils.cpp_extension
+
+    from structtorch.inference import fused
+
+    def no_compiler(*args, **kwargs):
+        raise OSError("c++: command not found")
+
+    monkeypatch.setitem(fused._FUSED, "module", None)
+    monkeypatch.setitem(fused._FUSED, "enabled", False)
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
+    with pytest.raises(RuntimeError, match="building the fused CPU kernels .* failed"):
+        inf.set_fused(True)
+    assert not fused.active(torch.zeros(1, 1, 1))

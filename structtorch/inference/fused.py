@@ -32,7 +32,8 @@ def set_fused(enabled: bool) -> None:
     through the fused C++ kernels (True), or the eager passes (False, the default and the reference; same
     results up to float rounding, MAP up to ties).
 
-    Enabling builds the kernels now (needs a C++ compiler and ninja) and raises RuntimeError if that fails.
+    Enabling builds the kernels now (needs a C++ compiler and ninja, ``pip install ninja``; the ``dev`` extra
+    has it) and raises RuntimeError if that fails.
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"set_fused expects a bool, got {type(enabled).__name__}")
