@@ -3,6 +3,8 @@ sequential references, autograd, exact sampling, and bad input."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -875,3 +877,18 @@ def test_set_fused_reports_a_failed_build(monkeypatch):
     with pytest.raises(RuntimeError, match="building the fused CPU kernels .* failed"):
         inf.set_fused(True)
     assert not fused.active(torch.zeros(1, 1, 1))
+
+
+@pytest.mark.parametrize("dtype", BOTH_DTYPES)
+@pytest.mark.parametrize("K", [2, 5])
+def test_fused_sum_pass_folds_its_scales(fused_kernels, dtype, K):
+    """Uniform potentials on a chain of 300: every message sums K equal terms, so the sum pass's scale grows
+    by K per node and is folded back into the log domain many times; log Z = n log K and the marginals are
+    uniform, exactly."""
+    n, B = 300, 3
+    pot = Potentials(torch.zeros(B, n, K, dtype=dtype), torch.zeros(B, n - 1, K, K, dtype=dtype), Graph.chain(n))
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    torch.testing.assert_close(inf.tree_logz(pot), torch.full((B,), n * math.log(K), dtype=dtype), **tol)
+    mu, mu_pair = inf.tree_marginals(pot)
+    torch.testing.assert_close(mu, torch.full_like(mu, 1 / K), **tol)
+    torch.testing.assert_close(mu_pair, torch.full_like(mu_pair, 1 / K**2), **tol)

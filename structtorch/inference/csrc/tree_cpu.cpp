@@ -25,6 +25,10 @@ using at::vec::Vectorized;
 
 constexpr int64_t kMaxChunk = 256;        // batch entries per chunk at most
 constexpr int64_t kChunkBytes = 1 << 20;  // the chunk's buffers should fit in about this much cache
+constexpr double kFold = 4294967296.0;     // 2^32: a sum pass's scale factor past this is folded into U
+
+template <typename T>
+constexpr int kAllZero = (1 << Vectorized<T>::size()) - 1;  // zero_mask() of a vector of zeros
 
 struct Forest {
   const int64_t* order;
@@ -78,14 +82,16 @@ template <typename T>
 struct Chunk {
   int64_t b0 = 0, W = 0, Wp = 0;
   std::vector<T> U, P;  // [N, K, Wp], [NE, K, K, Wp] (stored edge orientation)
+  std::vector<T> S;     // [N, K, Wp] (sum passes): scale factors, the log-domain value is U + log S
 
-  void load(const Forest& f, const T* u, const T* p, int64_t b0_, int64_t W_) {
+  void load(const Forest& f, const T* u, const T* p, int64_t b0_, int64_t W_, bool scales) {
     const int64_t V = Vectorized<T>::size(), NK = f.N * f.K, EKK = f.NE * f.K * f.K;
     b0 = b0_;
     W = W_;
     Wp = (W + V - 1) / V * V;
     fill(U, u, NK);
     fill(P, p, EKK);
+    if (scales) S.assign(NK * Wp, T(1));
   }
 
   // The slot-oriented row M[v, xp, xv] of the chunk's P (v not a root).
@@ -117,6 +123,11 @@ Vectorized<T> ninf() {
 // xv of (U[v, xv] + M[v, xp, xv]), in place on the chunk's U. arg [N, K, Wp] (MAX only, when not null)
 // gets the first maximiser as a T. COND: M[v, xp, xv] is replaced by the conditional of xv given xp,
 // U[v, xv] + M[v, xp, xv] - msg[v, xp] (MAX, -inf when msg is) or its exp (sum, 0 when msg is -inf).
+//
+// The sum pass needs no log per message: with the chunk's scales S, msg = best + log(acc) with best the max
+// of the shifted terms U + M (without log S) and acc = sum of exp(U + M - best) * S, so U[p] += best and
+// S[p] *= acc. S stays in {0} and [1, K * kFold^2] (acc >= 1 from the term at best): a scale past kFold is
+// folded back into U (one log).
 template <typename T, bool MAX, bool COND>
 void inside(const Forest& f, Chunk<T>& c, T* arg) {
   using Vec = Vectorized<T>;
@@ -127,6 +138,8 @@ void inside(const Forest& f, Chunk<T>& c, T* arg) {
     const int64_t v = f.order[i], p = f.parent[v];
     const T* Uv = c.U.data() + v * K * Wp;
     T* Up = c.U.data() + p * K * Wp;
+    const T* Sv = MAX ? nullptr : c.S.data() + v * K * Wp;
+    T* Sp = MAX ? nullptr : c.S.data() + p * K * Wp;
     for (int64_t xp = 0; xp < K; ++xp) {
       for (int64_t xv = 0; xv < K; ++xv) row[xv] = c.M(f, v, xp, xv);
       for (int64_t w = 0; w < Wp; w += Vec::size()) {
@@ -136,29 +149,39 @@ void inside(const Forest& f, Chunk<T>& c, T* arg) {
           if (MAX) idx = Vec::blendv(idx, Vec(T(xv)), s > best);  // strict: the first maximiser
           best = at::vec::maximum(best, s);
         }
-        if (!MAX || COND) {  // sum: best + log(sum exp(s - best)), -inf + log(0) when every s is -inf
-          const Vec dead = best == ninf<T>();
-          Vec acc(T(0));
+        const Vec dead = best == ninf<T>();  // every term impossible
+        Vec acc(T(0));
+        if (!MAX || COND) {
           for (int64_t xv = 0; xv < K; ++xv) {
             T* m = row[xv] + w;
             const Vec s = load(Uv + xv * Wp + w) + load(m);
             if (MAX) {
               Vec::blendv(s - best, ninf<T>(), dead).store(m);
             } else {
-              const Vec e = Vec::blendv((s - best).exp(), zero, dead);
+              const Vec e = Vec::blendv((s - best).exp(), zero, dead) * load(Sv + xv * Wp + w);
               acc += e;
               if (COND) e.store(m);
             }
           }
-          if (!MAX) {
-            if (COND) {
-              const Vec inv = Vec::blendv(Vec(T(1)) / acc, zero, dead);
-              for (int64_t xv = 0; xv < K; ++xv) (load(row[xv] + w) * inv).store(row[xv] + w);
-            }
-            best += acc.log();
+          if (!MAX && COND) {
+            const Vec inv = Vec::blendv(Vec(T(1)) / acc, zero, dead);
+            for (int64_t xv = 0; xv < K; ++xv) (load(row[xv] + w) * inv).store(row[xv] + w);
           }
         }
-        (load(Up + xp * Wp + w) + best).store(Up + xp * Wp + w);
+        T* up = Up + xp * Wp + w;
+        if (MAX) {
+          (load(up) + best).store(up);
+        } else {
+          T* sp = Sp + xp * Wp + w;
+          Vec scale = load(sp) * acc, sum = load(up) + best;
+          const Vec big = scale > Vec(T(kFold));
+          if (big.zero_mask() != kAllZero<T>) {  // some lane's scale past kFold: fold it into U
+            sum = Vec::blendv(sum, sum + scale.log(), big);
+            scale = Vec::blendv(scale, Vec(T(1)), big);
+          }
+          sum.store(up);
+          scale.store(sp);
+        }
         if (MAX && arg != nullptr) idx.store(arg + (v * K + xp) * Wp + w);
       }
     }
@@ -184,7 +207,9 @@ void root_values(const Forest& f, const Chunk<T>& c, T* rv, T* vals, T* y0) {
       if (!MAX) {
         const Vec dead = m == ninf<T>();
         Vec acc(T(0));
-        for (int64_t k = 0; k < K; ++k) acc += Vec::blendv((load(u + k * Wp + w) - m).exp(), Vec(T(0)), dead);
+        const T* sr = c.S.data() + f.roots[i] * K * Wp + w;
+        for (int64_t k = 0; k < K; ++k)
+          acc += Vec::blendv((load(u + k * Wp + w) - m).exp(), Vec(T(0)), dead) * load(sr + k * Wp);
         m += acc.log();
       }
       m.store(rv + i * Wp + w);
@@ -232,6 +257,7 @@ template <typename T, bool MAX>
 void root_marginals(const Forest& f, const Chunk<T>& c, const T* rv, const T* vals, T* mu) {
   using Vec = Vectorized<T>;
   const int64_t K = f.K, Wp = c.Wp;
+  const Vec zero(T(0));
   for (int64_t i = 0; i < f.R; ++i) {
     const int64_t r = f.roots[i];
     for (int64_t w = 0; w < Wp; w += Vec::size()) {
@@ -240,7 +266,7 @@ void root_marginals(const Forest& f, const Chunk<T>& c, const T* rv, const T* va
       for (int64_t k = 0; k < K; ++k) {
         const Vec x = load(c.U.data() + (r * K + k) * Wp + w);
         const Vec m = MAX ? Vec::blendv(x + (total - top), ninf<T>(), dead)
-                          : Vec::blendv((x - top).exp(), Vec(T(0)), dead);
+                          : Vec::blendv((x - top).exp() * load(c.S.data() + (r * K + k) * Wp + w), zero, dead);
         m.store(mu + (r * K + k) * Wp + w);
       }
     }
@@ -249,12 +275,12 @@ void root_marginals(const Forest& f, const Chunk<T>& c, const T* rv, const T* va
 
 // Runs body(chunk) over the batch: threads over ranges of the batch, chunks of W entries within a range.
 template <typename T, typename Body>
-void for_chunks(const Forest& f, const T* u, const T* p, int64_t per_entry, const Body& body) {
+void for_chunks(const Forest& f, const T* u, const T* p, int64_t per_entry, bool scales, const Body& body) {
   const int64_t W = chunk_size<T>(per_entry);
   at::parallel_for(0, f.B, W, [&](int64_t lo, int64_t hi) {
     Chunk<T> c;
     for (int64_t b = lo; b < hi; b += W) {
-      c.load(f, u, p, b, std::min(W, hi - b));
+      c.load(f, u, p, b, std::min(W, hi - b), scales);
       body(c);
     }
   });
@@ -276,7 +302,7 @@ std::vector<torch::Tensor> tree_map(const torch::Tensor& u, const torch::Tensor&
   auto y = torch::empty({f.B, f.N}, u.options().dtype(torch::kLong));
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "tree_map", [&] {
     using T = scalar_t;
-    for_chunks<T>(f, u.data_ptr<T>(), p.data_ptr<T>(), f.N * 2 * f.K + f.NE * f.K * f.K + 2 * f.N, [&](Chunk<T>& c) {
+    for_chunks<T>(f, u.data_ptr<T>(), p.data_ptr<T>(), f.N * 2 * f.K + f.NE * f.K * f.K + 2 * f.N, false, [&](Chunk<T>& c) {
       const int64_t K = f.K, Wp = c.Wp;
       std::vector<T> arg(f.N * K * Wp), rv(f.R * Wp), vals(f.G * Wp), y0(f.R * Wp);
       std::vector<int32_t> yc(f.N * Wp);
@@ -304,7 +330,7 @@ torch::Tensor tree_logz(const torch::Tensor& u, const torch::Tensor& p, const to
   auto values = torch::empty({G, f.B}, u.options());
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "tree_logz", [&] {
     using T = scalar_t;
-    for_chunks<T>(f, u.data_ptr<T>(), p.data_ptr<T>(), f.N * f.K + f.NE * f.K * f.K + 2 * f.N, [&](Chunk<T>& c) {
+    for_chunks<T>(f, u.data_ptr<T>(), p.data_ptr<T>(), f.N * 2 * f.K + f.NE * f.K * f.K + 2 * f.N, true, [&](Chunk<T>& c) {
       std::vector<T> rv(f.R * c.Wp), vals(f.G * c.Wp);
       inside<T, false, false>(f, c, nullptr);
       root_values<T, false>(f, c, rv.data(), vals.data(), nullptr);
@@ -328,7 +354,7 @@ std::vector<torch::Tensor> tree_marginals(const torch::Tensor& u, const torch::T
   auto pair = max ? torch::empty({0}, u.options()) : torch::empty(p.sizes(), u.options());
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "tree_marginals", [&] {
     using T = scalar_t;
-    for_chunks<T>(f, u.data_ptr<T>(), p.data_ptr<T>(), f.N * 2 * K + f.NE * 2 * KK + 2 * f.N, [&](Chunk<T>& c) {
+    for_chunks<T>(f, u.data_ptr<T>(), p.data_ptr<T>(), f.N * 3 * K + f.NE * 2 * KK + 2 * f.N, !max, [&](Chunk<T>& c) {
       const int64_t Wp = c.Wp;
       std::vector<T> m(f.N * K * Wp), rv(f.R * Wp), vals(f.G * Wp);
       std::vector<T> J(max ? 0 : f.NE * KK * Wp);
