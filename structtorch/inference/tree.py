@@ -27,7 +27,7 @@ region) and recovers arguments only along the backtracked rows (``_first_argmax`
 fuses the small ops of a step (C++/OpenMP on CPU, Triton on GPU). ``set_fused(True)`` (opt-in; see
 ``fused``) runs the passes of CPU tensors through hand-written C++ kernels instead: one loop nest per pass,
 SIMD over batch entries, the potentials read once (on chains of 128 labels, B = 1024: MAP 3x and
-marginals 7x the time of copying that many bytes, against 30x for the eager passes). The eager passes stay
+marginals 6x the time of copying that many bytes, against 31-35x for the eager passes). The eager passes stay
 the reference.
 """
 
