@@ -198,6 +198,7 @@ def _trainer(cfg: DictConfig, out: Path, run_name: str) -> L.Trainer:
 def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
     """Train + test as configured; returns the metrics also written to ``out_dir/metrics.json``."""
     out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)  # without a logger or checkpoints nothing else creates it
     L.seed_everything(cfg.seed, workers=True)
     set_fused(cfg.fused)
     data_name = _run_key(cfg)[1]
