@@ -111,9 +111,7 @@ def main() -> None:
     out = Path(args.out)
     runs_csv = out.parent / (out.name + "_runs.csv")
     rows: list[dict] = read_rows(runs_csv) if args.resume and runs_csv.exists() else []
-    for r in rows:  # integer cells come back as text
-        r.update(size=int(r["size"]), rep=int(r["rep"]), edges=int(r["edges"]))
-    done = {(int(r["size"]), int(r["rep"]), r["model"]) for r in rows}
+    done = {(r["size"], r["rep"], r["model"]) for r in rows}
     try:
         for rep in range(args.reps):  # repetitions outermost: a stopped job keeps whole curves
             for size in args.sizes:

@@ -25,17 +25,20 @@ def write_table(rows: list[dict], out: Path, columns: list[str] | None = None, f
 
 
 def read_rows(path: Path) -> list[dict]:
-    """The rows of a CSV written by ``write_table``: cells that a float prints back unchanged as floats, the
-    others as written (so a rewritten table keeps its formatting)."""
+    """The rows of a CSV written by ``write_table``: cells that an int or a float prints back unchanged as
+    numbers, the others as written (so a rewritten table keeps its formatting)."""
     with open(path, newline="") as f:
         return [{k: _number(v) for k, v in r.items()} for r in csv.DictReader(f)]
 
 
-def _number(cell: str) -> float | str:
-    try:
-        return float(cell) if str(float(cell)) == cell else cell
-    except ValueError:
-        return cell
+def _number(cell: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            if str(kind(cell)) == cell:
+                return kind(cell)
+        except ValueError:
+            pass
+    return cell
 
 
 def merge_rows(kept: list[dict], new: list[dict], order: list[str]) -> list[dict]:

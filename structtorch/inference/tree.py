@@ -184,8 +184,7 @@ def _run(fn: Callable, sched: Schedule, *tensors: torch.Tensor):
 
 
 def _fused(fn: Callable, sched: Schedule, unary: torch.Tensor, pair: torch.Tensor):
-    """The pass ``fn`` (``_map_pass``, ``_logz_pass`` or ``_max_marginal_pass``) by the fused CPU kernels, same
-    outputs; ``_marginal_pass`` gives (log Z, marginals [N, K, B], masked pairwise marginals [NE, K, K, B])."""
+    """The pass ``fn`` (one of the ``_*_pass`` functions) by the fused CPU kernels: the same outputs."""
     k = fused.kernels()
     u, p = unary.permute(2, 0, 1).contiguous(), pair.permute(3, 0, 1, 2).contiguous()  # the slots' own layout
     args = (u, p, *fused.forest(sched), sched.num_groups)
@@ -194,9 +193,9 @@ def _fused(fn: Callable, sched: Schedule, unary: torch.Tensor, pair: torch.Tenso
         return values, y.T
     if fn is _logz_pass:
         return k.tree_logz(*args)
-    values, mu, mu_pair = k.tree_marginals(*args, fn is _max_marginal_pass)
+    _, mu, mu_pair = k.tree_marginals(*args, fn is _max_marginal_pass)
     mu = mu.permute(1, 2, 0)
-    return mu if fn is _max_marginal_pass else (values, mu, mu_pair.permute(1, 2, 3, 0))
+    return mu if fn is _max_marginal_pass else (mu, mu_pair.permute(1, 2, 3, 0))
 
 
 # ---------------------------------------------------------------------- forward contraction
@@ -374,11 +373,13 @@ def _logz_pass(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule) -> torc
     return _contract(unary, pair, sched, "sum", keep=None)[0]
 
 
-def _marginal_pass(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """log Z [G, B], unary marginals [N, K, B] and per-slot joints [N, K, K, B]."""
+def _marginal_pass(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unary [N, K, B] and pairwise [NE, K, K, B] marginals (stored orientation), zero for a graph with Z = 0."""
     logz, U, tape = _contract(unary, pair, sched, "sum")
-    return (logz, *_outside(_lse_and_cond(U.index_select(0, sched.roots), 1)[1], tape, sched, "sum"))
+    mu, J = _outside(_lse_and_cond(U.index_select(0, sched.roots), 1)[1], tape, sched, "sum")
+    possible = torch.isfinite(logz).to(mu.dtype)  # [G, B]
+    mu_pair = _pair_from_joints(J, sched, pair.shape[0]) * _per_slot(possible, pair.shape[0])[:, None, None]
+    return mu * _per_slot(possible, mu.shape[0])[:, None], mu_pair
 
 
 def _max_marginal_pass(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule) -> torch.Tensor:
@@ -428,13 +429,7 @@ def _marginal_tensors(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unary [N, K, B] and pairwise [NE, K, K, B] marginals: one contraction and one outside pass."""
     with torch.no_grad():
-        if fused.active(unary):  # the kernel masks and orients the pairwise marginals itself
-            return _fused(_marginal_pass, sched, unary, pair)[1:]
-        logz, mu, J = _run(_marginal_pass, sched, unary, pair)
-        possible = torch.isfinite(logz).to(mu.dtype)  # [G, B]: a graph with Z = 0 has no marginals
-        mu_pair = _pair_from_joints(J, sched, pair.shape[0])
-    mu = mu * _per_slot(possible, mu.shape[0])[:, None]
-    return mu, mu_pair * _per_slot(possible, mu_pair.shape[0])[:, None, None]
+        return _run(_marginal_pass, sched, unary, pair)
 
 
 # ---------------------------------------------------------------------- public ops
