@@ -4,6 +4,7 @@ at matched decoding quality.
     python scripts/bench_smoothed.py [--device cuda] [--max-iters 1000] [--eps-scale 0.03]
                                      [--coupling 2.0] [--repeats 3] [--threads 1] [--quick]
                                      [--out scripts/results/bench_smoothed.json]
+    python scripts/bench_smoothed.py --fused [--threads 1]   # -> scripts/results/bench_smoothed_fused.json
 
 Complete graphs, n in {6, 14, 50, 200}, K = 2, CRANK-style random potentials: unary ~ N(0, 1),
 pairwise[e, 1, 1] = w_e ~ N(0, (coupling / (n - 1))^2), other pairwise entries 0 (the
@@ -25,6 +26,12 @@ the sweeps needed, the fraction of examples whose whole decoded assignment equal
 (all L, and the integral ones), the fraction of fractional LP nodes (|mu - 1/2| < 0.49), and
 the mean dual gap value - LP (>= 0; <= eps * H_max at the optimum). --threads sets torch's CPU
 threads (default 1: HiGHS runs single-threaded too).
+
+--fused: the eager sweeps against the fused C++ kernel (``inference.set_fused(True)``) on the same calls,
+float64, B = 1024 problems of the same complete graphs, each stopped by ``tol`` = 1e-4 as in training:
+"cold" (zero messages, eps = eps_scale / (n - 1)) and "warm" (started from the messages of a converged
+solve of potentials 1% away, as between two L-BFGS steps of Full). Reported: ms per call of each, the
+ratio (> 1: fused is faster), the sweeps, and the largest difference of the values.
 """
 
 from __future__ import annotations
@@ -117,6 +124,44 @@ def bench_size(n: int, args: argparse.Namespace, device: torch.device) -> dict:
     }
 
 
+def bench_fused(n: int, repeats: int) -> list[dict]:
+    """Eager vs fused smoothed_lp (tol = 1e-4, float64, B = 1024), cold and warm-started."""
+    pot = crank_potentials(n, 1024, 2.0, torch.device("cpu"), torch.float64)
+    eps = 0.03 / (n - 1)
+    gen = torch.Generator().manual_seed(1)
+    near = st.Potentials(pot.unary + 0.01 * torch.randn(pot.unary.shape, generator=gen, dtype=torch.float64),
+                         pot.pairwise * 1.01, pot.graph)
+    start = inf.smoothed_lp(near, eps=eps, iters=2000, tol=1e-9).messages
+    rows = []
+    for regime, msgs in (("cold", None), ("warm", start)):
+        times, out = {}, {}
+        for _ in range(repeats):  # alternating, best of repeats: background load only adds time
+            for fused in (False, True):
+                inf.set_fused(fused)
+                t0 = time.perf_counter()
+                out[fused] = inf.smoothed_lp(pot, eps=eps, iters=2000, messages=msgs, tol=1e-4)
+                times[fused] = min(times.get(fused, float("inf")), time.perf_counter() - t0)
+        inf.set_fused(False)
+        rows.append({"n": n, "regime": regime, "batch": 1024, "eps": eps, "sweeps": out[True].iterations,
+                     "eager_ms": 1e3 * times[False], "fused_ms": 1e3 * times[True],
+                     "speedup_fused_over_eager": times[False] / times[True],
+                     "max_value_difference": (out[True].value - out[False].value).abs().max().item()})
+    return rows
+
+
+def main_fused(args: argparse.Namespace) -> None:
+    inf.set_fused(True)  # build first: not timed
+    rows = []
+    print(f"{'n':>4} {'regime':>6} {'sweeps':>6} {'eager ms':>9} {'fused ms':>9} {'eager/fused':>11} {'max dv':>8}")
+    for n in [6, 14, 50] if args.quick else [6, 14, 50, 200]:
+        for r in bench_fused(n, args.repeats):
+            rows.append(r)
+            print(f"{n:>4} {r['regime']:>6} {r['sweeps']:>6} {r['eager_ms']:>9.1f} {r['fused_ms']:>9.1f} "
+                  f"{r['speedup_fused_over_eager']:>11.2f} {r['max_value_difference']:>8.1e}", flush=True)
+    out = args.out.replace("bench_smoothed.json", "bench_smoothed_fused.json")
+    write_results(out, rows, torch.device("cpu"), dtype="float64", tol=1e-4, threads=args.threads)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
@@ -126,9 +171,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="n in {6, 14, 50} only")
+    ap.add_argument("--fused", action="store_true", help="eager vs fused C++ sweeps (CPU), not vs the exact LP")
     ap.add_argument("--out", default="scripts/results/bench_smoothed.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.fused:
+        return main_fused(args)
     device = torch.device(args.device)
     sizes = [6, 14, 50] if args.quick else [6, 14, 50, 200]
     rows = []

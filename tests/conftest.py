@@ -232,3 +232,16 @@ def quiet_single_thread():
     yield
     log.setLevel(level)
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def fused_kernels():
+    """Tree passes and smoothed-LP sweeps of CPU tensors through the fused C++ kernels (built once; a failed
+    build fails here)."""
+    from structtorch.inference import set_fused
+
+    set_fused(True)
+    try:
+        yield
+    finally:
+        set_fused(False)

@@ -381,6 +381,34 @@ def test_tol_stops_each_problem_on_its_own():
         assert torch.allclose(one.value, res.value[b], atol=1e-12)
 
 
+@settings(max_examples=20, **SETTINGS)
+@given(graphs, st.sampled_from([0.0, 0.3]))
+def test_tol_stops_at_the_first_sweep_whose_dual_decrease_is_below_tol(case, frac):
+    """The decrease tracked inside the sweeps is the dual's: one problem at a time, tol stops after exactly
+    the first sweep whose value decrease (measured with one-sweep calls) is below tol * eps, -inf states
+    (pruned) included."""
+    g, K, rng = loopy_case(case)
+    assume(g.num_edges > 0)
+    pot = random_pot(g, K, 1, rng, scale=2.0)
+    y0 = torch.as_tensor(rng.integers(K, size=(g.num_nodes,)))  # kept feasible
+    u = pot.unary[0].masked_fill(torch.as_tensor(rng.random(pot.unary.shape[1:]) < frac), -math.inf)
+    p = pot.pairwise[0].masked_fill(torch.as_tensor(rng.random(pot.pairwise.shape[1:]) < frac), -math.inf)
+    u[torch.arange(g.num_nodes), y0] = pot.unary[0, torch.arange(g.num_nodes), y0]
+    p[torch.arange(g.num_edges), y0[g.edges[:, 0]], y0[g.edges[:, 1]]] = \
+        pot.pairwise[0, torch.arange(g.num_edges), y0[g.edges[:, 0]], y0[g.edges[:, 1]]]
+    pot, eps, tol = Potentials(u, p, g), 0.1, 1e-5
+    msgs, value, first = None, smoothed_lp(pot, eps=eps, iters=0).value, None
+    for sweep in range(1, 400):
+        res = smoothed_lp(pot, eps=eps, iters=1, messages=msgs)
+        decrease, msgs, value = float(value - res.value) / eps, res.messages, res.value
+        assume(abs(decrease - tol) > 1e-9)  # a decrease at tol itself is decided by rounding
+        if decrease < tol:
+            first = sweep
+            break
+    assume(first is not None)
+    assert smoothed_lp(pot, eps=eps, iters=400, tol=tol).iterations == first
+
+
 # ---------------------------------------------------------------------- bad input
 def test_bad_inputs():
     g = Graph.complete(4)
@@ -443,3 +471,71 @@ def test_lp_map_on_one_node_and_one_state():
                      Graph.complete(4))
     torch.testing.assert_close(lp_map(one).value, torch.full((2,), 10.0, dtype=torch.float64))
     torch.testing.assert_close(smoothed_lp(one, 0.1, 3).value, torch.full((2,), 10.0, dtype=torch.float64))
+
+
+# ---------------------------------------------------------------------- the fused CPU kernel (set_fused)
+def _both(pot: Potentials, eps, iters: int, tol: float | None, per_problem: bool = False) -> list:
+    """(value, messages, unary, pairwise, d value / d potentials) of the fused kernel on the batch, then of the
+    eager sweeps on the batch (or, with ``per_problem``, one problem at a time: each stopped on its own)."""
+    from structtorch.inference import set_fused
+
+    outs = []
+    for enabled in (True, False):
+        set_fused(enabled)
+        rows = [slice(b, b + 1) for b in range(pot.unary.shape[0])] if per_problem and not enabled else [slice(None)]
+        parts = []
+        for r in rows:
+            u, p = pot.unary[r].clone().requires_grad_(), pot.pairwise[r].clone().requires_grad_()
+            e = eps[r] if isinstance(eps, torch.Tensor) else eps
+            res = smoothed_lp(Potentials(u, p, pot.graph), e, iters, tol=tol)
+            res.value.sum().backward()
+            parts.append((res.value.detach(), res.messages, res.unary, res.pairwise, u.grad, p.grad,
+                          torch.tensor(res.iterations)))
+        outs.append([torch.cat([q[i].reshape(-1) for q in parts]) if i < 6 else torch.stack([q[i] for q in parts])
+                     for i in range(7)])
+    set_fused(True)
+    return outs
+
+
+@settings(max_examples=25, **SETTINGS)
+@given(graphs, st.sampled_from([None, 1e-5]))
+def test_fused_sweeps_equal_eager(fused_kernels, case, tol):
+    """The fused kernel gives the eager sweeps' messages, value, pseudo-marginals and gradient, with a
+    temperature per problem; with tol, each problem of the batch gets what its own eager call gives (it stops
+    after its own sweep), and the call reports the slowest problem's sweeps."""
+    g, K, rng = loopy_case(case)
+    pot = random_pot(g, K, 19, rng, scale=2.0)
+    eps = torch.as_tensor(rng.uniform(0.05, 1.0, size=19))
+    fused, eager = _both(pot, eps, 60 if tol is None else 2000, tol, per_problem=tol is not None)
+    for a, b in zip(fused[:6], eager[:6]):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    assert int(fused[6].max()) == int(eager[6].max())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_sweeps_over_chunks_threads_and_float32(fused_kernels, threads):
+    """A batch of several chunks (600 problems of a dense 14-node graph), split over one or two threads, in
+    float64 and float32."""
+    rng = np.random.default_rng(5)
+    g = Graph.complete(14)
+    default = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for dtype, tol in ((F64, 1e-9), (torch.float32, 2e-4)):
+            pot = random_pot(g, 2, 600, rng)
+            pot = Potentials(pot.unary.to(dtype), pot.pairwise.to(dtype), g)
+            fused, eager = _both(pot, 0.1, 25, None)
+            for a, b in zip(fused[:6], eager[:6]):
+                torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    finally:
+        torch.set_num_threads(default)
+
+
+def test_fused_keeps_neg_inf_potentials_on_the_eager_sweeps(fused_kernels):
+    """-inf potentials (arc-consistency pruning) are the eager sweeps' job: same results with fused on."""
+    g, u, p, _ = _loopy_inputs(8, B=3, n=5, K=3)
+    u = u.detach().clone()
+    u[:, 0, 0] = -math.inf
+    fused, eager = _both(Potentials(u, p.detach(), g), 0.2, 30, 1e-6)
+    for a, b in zip(fused, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

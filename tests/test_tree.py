@@ -801,16 +801,6 @@ def test_set_compile_rejects_non_bool(value):
 
 
 # ---------------------------------------------------------------------- the fused CPU kernels (set_fused)
-@pytest.fixture(scope="module")
-def fused_kernels():
-    """The passes of CPU tensors through the fused C++ kernels (built once; a failed build fails here)."""
-    inf.set_fused(True)
-    try:
-        yield
-    finally:
-        inf.set_fused(False)
-
-
 @settings(max_examples=100, deadline=None)
 @given(pot=st.one_of(potentials(graphs(forest=True), dtypes=BOTH_DTYPES), ensemble_potentials()))
 def test_fused_passes_match_brute_force(fused_kernels, pot):

@@ -1,7 +1,9 @@
-"""Fused CPU kernels of the tree passes (``set_fused(True)``): ``csrc/tree_cpu.cpp``, built on first use.
+"""Fused CPU kernels (``set_fused(True)``) of the tree passes (``csrc/tree_cpu.cpp``) and of the smoothed-LP
+sweeps (``csrc/lp_cpu.cpp``), built on first use.
 
-Each pass (MAP, log Z, marginals, max-marginals) is one C++ loop nest over the nodes in leaves-first order
-that reads the potentials once: the batch is split over torch's threads and into cache-sized chunks,
+Each tree pass (MAP, log Z, marginals, max-marginals) is one C++ loop nest over the nodes in leaves-first
+order that reads the potentials once; ``smoothed_lp`` runs its star-update sweeps, each problem's stopping
+rule, the dual value and the pseudo-marginals in one kernel call. In both, the batch is split over torch's threads and into cache-sized chunks,
 transposed to batch-minor buffers whose inner loops are SIMD loops over the chunk's entries (ATen's
 ``Vectorized``, SLEEF's exp and log), and the outputs are written in the caller's layout. The kernels are
 built with the system's C++ compiler by ``torch.utils.cpp_extension`` for the CPU's vector extension (AVX2
@@ -24,13 +26,13 @@ __all__ = ["set_fused"]
 _FUSED: dict = {"enabled": False, "module": None}
 _ORDERS: dict[int, tuple[Schedule, tuple[torch.Tensor, ...]]] = {}
 _MAX_ORDERS = 1024  # schedules whose kernel arrays are kept (the oldest dropped first)
-_SOURCE = Path(__file__).parent / "csrc" / "tree_cpu.cpp"
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("tree_cpu.cpp", "lp_cpu.cpp", "module.cpp")]
 
 
 def set_fused(enabled: bool) -> None:
-    """Run tree_map, tree_logz (and its gradient), tree_marginals and tree_max_marginals of CPU tensors
-    through the fused C++ kernels (True), or the eager passes (False, the default and the reference; same
-    results up to float rounding, MAP up to ties).
+    """Run tree_map, tree_logz (and its gradient), tree_marginals, tree_max_marginals and smoothed_lp (with
+    finite potentials) of CPU tensors through the fused C++ kernels (True), or the eager passes (False, the
+    default and the reference; same results up to float rounding, MAP up to ties).
 
     Enabling builds the kernels now (needs a C++ compiler and ninja, ``pip install ninja``; the ``dev`` extra
     has it) and raises RuntimeError if that fails.
@@ -57,10 +59,10 @@ def kernels() -> ModuleType:
         arch = ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"] if avx2 else \
             ["-DCPU_CAPABILITY=DEFAULT"]
         try:
-            _FUSED["module"] = load(name="structtorch_tree_cpu" + ("_avx2" if avx2 else ""), sources=[str(_SOURCE)],
-                                    extra_cflags=["-O3", "-fopenmp", *arch], extra_ldflags=["-fopenmp"])
+            _FUSED["module"] = load(name="structtorch_cpu" + ("_avx2" if avx2 else ""),
+                                    sources=[str(s) for s in _SOURCES], extra_cflags=["-O3", "-fopenmp", *arch], extra_ldflags=["-fopenmp"])
         except Exception as err:  # noqa: BLE001 - any build failure means the same to the user
-            raise RuntimeError(f"set_fused(True): building the fused CPU kernels ({_SOURCE.name}) failed; "
+            raise RuntimeError(f"set_fused(True): building the fused CPU kernels ({_SOURCES[0].parent}) failed; "
                                f"they need a C++ compiler and ninja. The eager passes still work.") from err
     return _FUSED["module"]
 

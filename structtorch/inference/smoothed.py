@@ -43,6 +43,7 @@ import torch
 
 from ..graph import Graph
 from ..potentials import Potentials
+from . import fused
 from .tree import _exp, _index_add_rows, _log_ge1
 
 __all__ = ["SmoothedLPResult", "StarSchedule", "smoothed_lp", "star_schedule", "greedy_colouring"]
@@ -242,25 +243,29 @@ def _beliefs(uT: torch.Tensor, pT: torch.Tensor, lamT: torch.Tensor, sched: Star
     return bn, pT - lam[:, 0, :, None, :] - lam[:, 1, None, :, :]
 
 
-def _dual(uT: torch.Tensor, pT: torch.Tensor, lamT: torch.Tensor, sched: StarSchedule) -> torch.Tensor:
-    """Scaled dual D / eps [B] (eq. 8 at its inner maximiser)."""
-    bn, be = _beliefs(uT, pT, lamT, sched)
-    return _lse(bn, 1).sum(0) + _lse(be.flatten(1, 2), 1).sum(0)
+def _sweep(lamT: torch.Tensor, blocks: list, guard: bool, track: bool = False) -> torch.Tensor | None:
+    """One pass of star updates over all colours, in place on scaled messages lamT [2E, K, B]; with ``track``,
+    returns the scaled dual's decrease over the pass [B] (NaN where the problem is infeasible).
 
-
-def _sweep(lamT: torch.Tensor, blocks: list, guard: bool) -> None:
-    """One pass of star updates over all colours, in place on scaled messages lamT [2E, K, B]."""
+    A star update changes only its node's and edges' terms of the dual, lse(b_i) + sum_e lse(m_e - lambda_e)
+    before and (d + 1) lse(T / (d + 1)) after, so the decrease costs K-vectors, not the E K^2 beliefs.
+    """
+    decrease = lamT.new_zeros(lamT.shape[-1]) if track else None
     for c, P, uc, inv in blocks:
+        old = lamT[c.start:c.stop]
         # m_e(x_i) = lse_{x_j} (theta_e - lambda_{e->j}) [H, K, B]
         m = _lse(P - lamT.index_select(0, c.other).unsqueeze(2), 1)
-        if uc.shape[0] == 1:  # one node in this colour (dense graphs)
-            new = m - (uc + m.sum(0, keepdim=True)) * inv
-        else:
-            T = _index_add_rows(uc.clone(), c.seg, m)  # [V, K, B]: T = theta_i + sum_e m_e
-            new = m - (T * inv).index_select(0, c.seg)  # eq. (10)
+        single = uc.shape[0] == 1  # one node in this colour (dense graphs)
+        T = uc + m.sum(0, keepdim=True) if single else _index_add_rows(uc.clone(), c.seg, m)  # theta_i + sum_e m_e
+        new = m - T * inv if single else m - (T * inv).index_select(0, c.seg)  # eq. (10)
         if guard:  # pruned states: m = T = -inf; any finite message will do
             new = torch.where(torch.isfinite(m), new, 0.0)
+        if track:
+            b = uc + old.sum(0, keepdim=True) if single else _index_add_rows(uc.clone(), c.seg, old)
+            before = _lse(b, 1).sum(0) + _lse(m - old, 1).sum(0)
+            decrease += before - (_lse(T * inv, 1) / inv[:, 0]).sum(0)
         lamT[c.start:c.stop] = new
+    return decrease
 
 
 def _blocks(uT: torch.Tensor, ph: torch.Tensor, sched: StarSchedule) -> list:
@@ -286,13 +291,10 @@ def _solve(uT: torch.Tensor, pT: torch.Tensor, lamT: torch.Tensor, sched: StarSc
             _sweep(lamT, blocks, guard)
         return iters
     cols = None  # the columns of lamT in the working copies (None: all, lamT itself)
-    u, p, lam = uT, pT, lamT
-    prev = _dual(u, p, lam, sched)
+    u, lam = uT, lamT
     for it in range(iters):
-        _sweep(lam, blocks, guard)
-        cur = _dual(u, p, lam, sched)
-        going = torch.nan_to_num(prev - cur, nan=0.0, posinf=math.inf, neginf=0.0) >= tol
-        prev = cur
+        decrease = _sweep(lam, blocks, guard, track=True)
+        going = torch.nan_to_num(decrease, nan=0.0, posinf=math.inf, neginf=0.0) >= tol
         count = int(going.sum())
         if count == 0 or count <= 0.75 * going.numel():
             if cols is not None:
@@ -301,39 +303,62 @@ def _solve(uT: torch.Tensor, pT: torch.Tensor, lamT: torch.Tensor, sched: StarSc
                 return it + 1
             keep = going.nonzero()[:, 0]
             cols = keep if cols is None else cols[keep]
-            u, p, lam, prev = uT[..., cols], pT[..., cols], lamT[..., cols], prev[keep]
+            u, lam = uT[..., cols], lamT[..., cols]
             blocks = _blocks(u, ph[..., cols], sched)
     if cols is not None:
         lamT[..., cols] = lam
     return iters
 
 
-class _DualValue(torch.autograd.Function):
-    """D(lambda; theta) [B] at fixed messages; d D / d theta = pseudo-marginals (eq. 9).
+def _dual_and_marginals(uT: torch.Tensor, pT: torch.Tensor, lamT: torch.Tensor, sched: StarSchedule,
+                        eps: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """D(lambda; theta) [B] (eq. 8) and the pseudo-marginals mu_u [B, n, K], mu_p [B, E, K, K] (eq. 9) of
+    scaled, pruned potentials and messages in the internal layout."""
+    bn, be = _beliefs(uT, pT, lamT, sched)
+    be = be.flatten(1, 2)
+    value = eps * (_lse(bn, 1).sum(0) + _lse(be, 1).sum(0))
+    K = uT.shape[1]
+    return value, _safe_softmax(bn, 1).permute(2, 0, 1), _safe_softmax(be, 1).permute(2, 0, 1).unflatten(-1, (K, K))
 
-    ``unary`` [B, n, K] and ``pair`` [B, E, K, K] are the differentiable inputs; ``uT``, ``pT``
-    are the same potentials scaled, pruned and in the internal layout (computed by the caller).
-    """
+
+def _fused_solve(unary: torch.Tensor, pair: torch.Tensor, eps: float | torch.Tensor, lam: torch.Tensor,
+                 graph: Graph, sched: StarSchedule, iters: int, tol: float | None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """The sweeps, the dual value and the pseudo-marginals by the fused CPU kernel (finite potentials
+    [B, n, K], [B, E, K, K]; messages [B, 2E, K] in score units): (messages, value, mu_u, mu_p, sweeps run)."""
+    inv = 1.0 / (eps if isinstance(eps, torch.Tensor) else unary.new_full(unary.shape[:1], eps))
+    order, ptr, half = graph.cached("lp_stars", "cpu", lambda: _stars(graph, sched))
+    lam, value, mu_u, mu_p, sweeps = fused.kernels().lp_solve(
+        unary.contiguous(), pair.contiguous(), inv.contiguous(), lam.contiguous(), order, ptr, half, iters,
+        -1.0 if tol is None else float(tol))
+    return lam, value, mu_u, mu_p, int(sweeps.max()) if sweeps.numel() else 0
+
+
+def _stars(graph: Graph, sched: StarSchedule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused kernel's stars: the sweep order [V] (the colour classes' nodes, colour by colour), and the
+    half-edges into each node as CSR ptr [n + 1], half [2E]."""
+    half_node = graph.edges.reshape(-1)
+    ptr = torch.zeros(graph.num_nodes + 1, dtype=torch.long)
+    ptr[1:] = torch.bincount(half_node, minlength=graph.num_nodes).cumsum(0)
+    order = torch.cat([c.nodes.cpu() for c in sched.colours]) if sched.colours else torch.zeros(0, dtype=torch.long)
+    return order, ptr, torch.argsort(half_node, stable=True)
+
+
+class _DualValue(torch.autograd.Function):
+    """The dual value [B] at fixed messages as a function of the potentials unary [B, n, K], pair [B, E, K, K]:
+    d D / d theta = the pseudo-marginals (eq. 9), computed with the value by the caller."""
 
     @staticmethod
-    def forward(ctx, unary, pair, uT, pT, lamT, sched, eps):  # noqa: D102
-        with torch.no_grad():
-            bn, be = _beliefs(uT, pT, lamT, sched)
-            be = be.flatten(1, 2)
-            value = eps * (_lse(bn, 1).sum(0) + _lse(be, 1).sum(0))
-            K = uT.shape[1]
-            mu_u = _safe_softmax(bn, 1).permute(2, 0, 1)
-            mu_p = _safe_softmax(be, 1).permute(2, 0, 1).unflatten(-1, (K, K))
+    def forward(ctx, unary, pair, value, mu_u, mu_p):  # noqa: D102
         ctx.save_for_backward(mu_u, mu_p, value)
-        ctx.mark_non_differentiable(mu_u, mu_p)
-        return value, mu_u, mu_p
+        return value.clone()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_value, _gu, _gp):  # noqa: D102
+    def backward(ctx, grad_value):  # noqa: D102
         mu_u, mu_p, value = ctx.saved_tensors
         g = torch.where(torch.isfinite(value), grad_value, 0.0)
-        return mu_u * g[:, None, None], mu_p * g[:, None, None, None], None, None, None, None, None
+        return mu_u * g[:, None, None], mu_p * g[:, None, None, None], None, None, None
 
 
 # ---------------------------------------------------------------------- validation
@@ -414,11 +439,16 @@ def smoothed_lp(pot: Potentials, eps: float | torch.Tensor, iters: int, messages
     e3 = eps.view(B, 1, 1) if isinstance(eps, torch.Tensor) else eps
     with torch.no_grad():
         masks = _prune(unary.detach(), pair.detach(), g.edges.to(pot.device)) if B else None
-        uT, pT = _internal(unary.detach(), pair.detach(), masks, e3)
-        lamT = _to_internal(lam / e3, sched)
-        run = _solve(uT, pT, lamT, sched, int(iters), tol, guard=masks is not None)
-        lam = _to_external(lamT, sched) * e3
-    value, mu_u, mu_p = _DualValue.apply(unary, pair, uT, pT, lamT, sched, eps)
+        if masks is None and fused.active(unary):  # finite potentials: the fused CPU kernel
+            lam, value, mu_u, mu_p, run = _fused_solve(unary.detach(), pair.detach(), eps, lam, g, sched,
+                                                       int(iters), tol)
+        else:
+            uT, pT = _internal(unary.detach(), pair.detach(), masks, e3)
+            lamT = _to_internal(lam / e3, sched)
+            run = _solve(uT, pT, lamT, sched, int(iters), tol, guard=masks is not None)
+            lam = _to_external(lamT, sched) * e3
+            value, mu_u, mu_p = _dual_and_marginals(uT, pT, lamT, sched, eps)
+    value = _DualValue.apply(unary, pair, value, mu_u, mu_p)
     y = mu_u.argmax(-1).reshape(*batch, n)
     return SmoothedLPResult(
         value=value.reshape(batch),

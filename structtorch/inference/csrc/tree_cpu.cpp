@@ -11,24 +11,12 @@
 // rounded up to the SIMD width): every inner loop is a SIMD loop over the chunk's entries
 // (at::vec::Vectorized, with SLEEF's exp and log), the buffers stay in cache, and the outputs are
 // transposed straight into the caller's layout. The potentials are read once.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <ATen/cpu/vec/vec.h>
+#include "common.h"
 
-#include <algorithm>
-#include <limits>
-#include <vector>
-
+namespace stcpu {
 namespace {
 
-using at::vec::Vectorized;
-
-constexpr int64_t kMaxChunk = 256;        // batch entries per chunk at most
-constexpr int64_t kChunkBytes = 1 << 20;  // the chunk's buffers should fit in about this much cache
-constexpr double kFold = 4294967296.0;     // 2^32: a sum pass's scale factor past this is folded into U
-
-template <typename T>
-constexpr int kAllZero = (1 << Vectorized<T>::size()) - 1;  // zero_mask() of a vector of zeros
+constexpr double kFold = 4294967296.0;  // 2^32: a sum pass's scale factor past this is folded into U
 
 struct Forest {
   const int64_t* order;
@@ -89,8 +77,8 @@ struct Chunk {
     b0 = b0_;
     W = W_;
     Wp = (W + V - 1) / V * V;
-    fill(U, u, NK);
-    fill(P, p, EKK);
+    to_minor(U, u, NK, b0, W, Wp);
+    to_minor(P, p, EKK, b0, W, Wp);
     if (scales) S.assign(NK * Wp, T(1));
   }
 
@@ -100,24 +88,7 @@ struct Chunk {
     return P.data() + (f.parent_edge[v] * K * K + (f.flip[v] ? xv * K + xp : xp * K + xv)) * Wp;
   }
 
- private:
-  void fill(std::vector<T>& buf, const T* x, int64_t R) {  // buf [R, Wp] from x [B, R]
-    buf.resize(R * Wp);
-    transpose(x + b0 * R, R, buf.data(), Wp, W, R);
-    if (W < Wp)
-      for (int64_t j = 0; j < R; ++j) std::fill(buf.data() + j * Wp + W, buf.data() + (j + 1) * Wp, T(0));
-  }
 };
-
-template <typename T>
-Vectorized<T> load(const T* x) {
-  return Vectorized<T>::loadu(x);
-}
-
-template <typename T>
-Vectorized<T> ninf() {
-  return Vectorized<T>(-std::numeric_limits<T>::infinity());
-}
 
 // Inside pass: raises every non-root node into its parent, U[p, xp] += msg[v, xp] = max / logsumexp over
 // xv of (U[v, xv] + M[v, xp, xv]), in place on the chunk's U. arg [N, K, Wp] (MAX only, when not null)
@@ -379,8 +350,10 @@ std::vector<torch::Tensor> tree_marginals(const torch::Tensor& u, const torch::T
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+void register_tree(pybind11::module_& m) {
   m.def("tree_map", &tree_map, "MAP values [G, B] and assignment [B, N]");
   m.def("tree_logz", &tree_logz, "log Z [G, B]");
   m.def("tree_marginals", &tree_marginals, "(values [G, B], (max-)marginals [B, N, K], pairwise [B, NE, K, K])");
 }
+
+}  // namespace stcpu

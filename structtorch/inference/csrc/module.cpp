@@ -1,0 +1,7 @@
+// The fused CPU kernels' Python module (structtorch.inference.fused): tree passes and smoothed-LP sweeps.
+#include "common.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  stcpu::register_tree(m);
+  stcpu::register_lp(m);
+}
