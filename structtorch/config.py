@@ -157,8 +157,9 @@ class MulanDataConfig:
     batch_size: int = 64
     val_fraction: float = 0.1
     seed: int = 0
-    num_folds: Any = None  # int or None: k-fold over train+test
+    num_folds: Any = None  # int or None: k-fold over fold_pool
     fold: int = 0
+    fold_pool: str = "train+test"  # or "train": cross-validation on the training file (the test file unused)
     num_workers: int = 0
     standardize: bool = True
     test_fraction: float = 0.3

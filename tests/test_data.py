@@ -350,6 +350,23 @@ def test_multilabel_datamodule_kfold_partitions_train_and_test(tmp_path: Path) -
         MultilabelDataModule("tiny", root, num_folds=5, fold=5)
 
 
+def test_multilabel_datamodule_folds_of_the_training_file_never_see_the_test_file(tmp_path: Path) -> None:
+    """fold_pool="train": the k folds partition the training file (ids 0..39); the test file (40..52) is in
+    no fold, neither trained on nor held out."""
+    x, y = _big(53)
+    root = str(_dataset(tmp_path, x=x, y=y, n_train=40))
+    held_out = []
+    for fold in range(5):
+        dm = MultilabelDataModule("tiny", root, val_fraction=0.0, num_folds=5, fold=fold, standardize=False,
+                                  fold_pool="train")
+        train, test = (sorted(t[:, 0].long().tolist()) for t in (dm.train_tensors[0], dm.test_tensors[0]))
+        assert sorted(train + test) == list(range(40))
+        held_out += test
+    assert sorted(held_out) == list(range(40))
+    with pytest.raises(ValueError, match="fold_pool"):
+        MultilabelDataModule("tiny", root, num_folds=5, fold_pool="test")
+
+
 def test_multilabel_datamodule_without_val(tmp_path: Path) -> None:
     root = str(_dataset(tmp_path))
     dm = MultilabelDataModule("tiny", root, val_fraction=0.0)

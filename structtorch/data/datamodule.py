@@ -187,8 +187,10 @@ class _TensorDataModule(EpochLoaders):
     """
 
     def __init__(self, batch_size: int, val_fraction: float, seed: int, num_folds: int | None, fold: int,
-                 num_workers: int, standardize: bool) -> None:
+                 num_workers: int, standardize: bool, fold_pool: str = "train+test") -> None:
         super().__init__()
+        if fold_pool not in ("train+test", "train"):
+            raise ValueError(f"fold_pool must be 'train+test' or 'train', got {fold_pool!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if not 0.0 <= val_fraction < 1.0:
@@ -198,7 +200,7 @@ class _TensorDataModule(EpochLoaders):
         if num_folds is not None and not 0 <= fold < num_folds:
             raise ValueError(f"fold must lie in [0, num_folds={num_folds}), got {fold!r}")
         self.batch_size, self.val_fraction, self.seed = batch_size, val_fraction, seed
-        self.num_folds, self.fold = num_folds, fold
+        self.num_folds, self.fold, self.fold_pool = num_folds, fold, fold_pool
         self.num_workers, self.standardize = num_workers, standardize
         self.standardizer: Standardizer | None = None
         self.feature_names: list[str] = []
@@ -216,8 +218,9 @@ class _TensorDataModule(EpochLoaders):
         if self.data_train is not None:
             return
         x_tr, y_tr, x_te, y_te, self.feature_names, self.label_names = self._load()
-        if self.num_folds is not None:
-            x_all, y_all = torch.cat([x_tr, x_te]), torch.cat([y_tr, y_te])
+        if self.num_folds is not None:  # the test file stays out of the folds with fold_pool="train"
+            pooled = self.fold_pool == "train+test"
+            x_all, y_all = (torch.cat([x_tr, x_te]), torch.cat([y_tr, y_te])) if pooled else (x_tr, y_tr)
             rest, test = kfold_indices(len(x_all), self.num_folds, self.fold, self.seed)
             x_tr, y_tr, x_te, y_te = x_all[rest], y_all[rest], x_all[test], y_all[test]
         tr, va = train_val_indices(len(x_tr), self.val_fraction, self.seed)
@@ -266,9 +269,10 @@ class MultilabelDataModule(_TensorDataModule):
     Default protocol: train/val split of the train file (``val_fraction``, seeded), test = the
     official test file. With ``num_folds`` (e.g. 5 for RTA's protocol) train and test files are
     pooled and fold ``fold`` of a seeded k-fold partition is the test set; validation is then
-    split from the remaining folds. Standardisation statistics come from the final training part
-    only. ``test_fraction`` splits off a test set (seeded) for datasets without a test file;
-    ``label_attributes`` names the labels as the last L attributes for datasets without ``<name>.xml``;
+    split from the remaining folds. ``fold_pool="train"`` folds the training file alone (cross-validation
+    that never sees the test file: the held-out fold is the "test" set). Standardisation statistics come
+    from the final training part only. ``test_fraction`` splits off a test set (seeded) for datasets without
+    a test file; ``label_attributes`` names the labels as the last L attributes for datasets without ``<name>.xml``;
     ``max_labels`` keeps the most frequent labels of the training file (e.g. 10 for medical, as in CRANK).
     ValueError (raised here, before any loading) if ``name`` is missing or not a Mulan dataset.
     """
@@ -276,8 +280,9 @@ class MultilabelDataModule(_TensorDataModule):
     def __init__(self, name: str | None = None, root: str | None = None, url: str | None = None,
                  batch_size: int = 64, val_fraction: float = 0.1, seed: int = 0, num_folds: int | None = None,
                  fold: int = 0, num_workers: int = 0, standardize: bool = True, test_fraction: float = 0.3,
-                 label_attributes: int | None = None, max_labels: int | None = None) -> None:
-        super().__init__(batch_size, val_fraction, seed, num_folds, fold, num_workers, standardize)
+                 label_attributes: int | None = None, max_labels: int | None = None, fold_pool: str = "train+test"
+                 ) -> None:
+        super().__init__(batch_size, val_fraction, seed, num_folds, fold, num_workers, standardize, fold_pool)
         if name is None or name == "???":
             raise ValueError(f"data=mulan needs data.name=<dataset>, one of: {', '.join(mulan_datasets())} "
                              f"(or a dataset of your own under data.root=<dir>)")

@@ -3,13 +3,13 @@ sweeps (``csrc/lp_cpu.cpp``), built on first use.
 
 Each tree pass (MAP, log Z, marginals, max-marginals) is one C++ loop nest over the nodes in leaves-first
 order that reads the potentials once; ``smoothed_lp`` runs its star-update sweeps, each problem's stopping
-rule, the dual value and the pseudo-marginals in one kernel call. In both, the batch is split over torch's threads and into cache-sized chunks,
-transposed to batch-minor buffers whose inner loops are SIMD loops over the chunk's entries (ATen's
-``Vectorized``, SLEEF's exp and log), and the outputs are written in the caller's layout. The kernels are
-built with the system's C++ compiler by ``torch.utils.cpp_extension`` for the CPU's vector extension (AVX2
-+ FMA where torch reports AVX2 or AVX-512, else portable code; cached under ``TORCH_EXTENSIONS_DIR``,
-default ``~/.cache/torch_extensions``; about a minute the first time). CUDA tensors keep the eager (or
-compiled) passes, which stay the reference in the tests.
+rule, the dual value and the pseudo-marginals in one kernel call. In both, the batch is split over
+torch's threads and into cache-sized chunks, transposed to batch-minor buffers whose inner loops are SIMD
+loops over the chunk's entries (ATen's ``Vectorized``, SLEEF's exp and log), and the outputs are written in
+the caller's layout. The kernels are built with the system's C++ compiler by ``torch.utils.cpp_extension``
+for the CPU's vector extension (AVX2 + FMA where torch reports AVX2 or AVX-512, else portable code; cached
+under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``; a few minutes the first time). CUDA
+tensors keep the eager (or compiled) passes, which stay the reference in the tests.
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ def kernels() -> ModuleType:
             ["-DCPU_CAPABILITY=DEFAULT"]
         try:
             _FUSED["module"] = load(name="structtorch_cpu" + ("_avx2" if avx2 else ""),
-                                    sources=[str(s) for s in _SOURCES], extra_cflags=["-O3", "-fopenmp", *arch], extra_ldflags=["-fopenmp"])
+                                    sources=[str(s) for s in _SOURCES], extra_cflags=["-O3", "-fopenmp", *arch],
+                                    extra_ldflags=["-fopenmp"])
         except Exception as err:  # noqa: BLE001 - any build failure means the same to the user
             raise RuntimeError(f"set_fused(True): building the fused CPU kernels ({_SOURCES[0].parent}) failed; "
                                f"they need a C++ compiler and ninja. The eager passes still work.") from err
