@@ -9,7 +9,7 @@ config) with ``model.l2=[grid]``: every lambda and every CV fold trained as one 
 certified solver (default lbfgs, stopping at a 1e-3 relative duality gap), lambda chosen by 5-fold
 cross-validated Hamming accuracy on the training file only (``data.val_fraction=0``); the test file
 only reports the chosen model. ``--fused`` trains with ``fused=true`` (the fused C++ kernels: the same
-results up to rounding, Full's smoothed LP about 2.5x faster). ``--update`` keeps the committed rows of the
+results up to rounding, Full's smoothed LP 1.5-3.5x faster). ``--update`` keeps the committed rows of the
 models not rerun (e.g.
 ``--models full --datasets emotions --no-ecc --update`` adds or replaces one row).
 sklearn ECC: 10 ``ClassifierChain(LogisticRegression(C))`` with random

@@ -382,11 +382,21 @@ def test_tol_stops_each_problem_on_its_own():
 
 
 @settings(max_examples=20, **SETTINGS)
-@given(graphs, st.sampled_from([0.0, 0.3]))
-def test_tol_stops_at_the_first_sweep_whose_dual_decrease_is_below_tol(case, frac):
-    """The decrease tracked inside the sweeps is the dual's: one problem at a time, tol stops after exactly
-    the first sweep whose value decrease (measured with one-sweep calls) is below tol * eps, -inf states
-    (pruned) included."""
+@given(graphs, st.sampled_from([0.0, 0.3]), st.booleans())
+def test_tol_stops_at_the_first_sweep_whose_dual_decrease_is_below_tol(case, frac, fused):
+    """One problem at a time, tol stops after exactly the first sweep whose value decrease (measured with
+    one-sweep calls) is below tol * eps, -inf states (pruned) included; the same for the fused kernel, which
+    sums the decrease from each star update's terms inside the sweep."""
+    from structtorch.inference import set_fused
+
+    set_fused(fused)
+    try:
+        _check_first_sweep_below_tol(case, frac)
+    finally:
+        set_fused(False)
+
+
+def _check_first_sweep_below_tol(case, frac) -> None:
     g, K, rng = loopy_case(case)
     assume(g.num_edges > 0)
     pot = random_pot(g, K, 1, rng, scale=2.0)

@@ -243,29 +243,25 @@ def _beliefs(uT: torch.Tensor, pT: torch.Tensor, lamT: torch.Tensor, sched: Star
     return bn, pT - lam[:, 0, :, None, :] - lam[:, 1, None, :, :]
 
 
-def _sweep(lamT: torch.Tensor, blocks: list, guard: bool, track: bool = False) -> torch.Tensor | None:
-    """One pass of star updates over all colours, in place on scaled messages lamT [2E, K, B]; with ``track``,
-    returns the scaled dual's decrease over the pass [B] (NaN where the problem is infeasible).
+def _dual(uT: torch.Tensor, pT: torch.Tensor, lamT: torch.Tensor, sched: StarSchedule) -> torch.Tensor:
+    """Scaled dual D / eps [B] (eq. 8 at its inner maximiser)."""
+    bn, be = _beliefs(uT, pT, lamT, sched)
+    return _lse(bn, 1).sum(0) + _lse(be.flatten(1, 2), 1).sum(0)
 
-    A star update changes only its node's and edges' terms of the dual, lse(b_i) + sum_e lse(m_e - lambda_e)
-    before and (d + 1) lse(T / (d + 1)) after, so the decrease costs K-vectors, not the E K^2 beliefs.
-    """
-    decrease = lamT.new_zeros(lamT.shape[-1]) if track else None
+
+def _sweep(lamT: torch.Tensor, blocks: list, guard: bool) -> None:
+    """One pass of star updates over all colours, in place on scaled messages lamT [2E, K, B]."""
     for c, P, uc, inv in blocks:
-        old = lamT[c.start:c.stop]
         # m_e(x_i) = lse_{x_j} (theta_e - lambda_{e->j}) [H, K, B]
         m = _lse(P - lamT.index_select(0, c.other).unsqueeze(2), 1)
-        single = uc.shape[0] == 1  # one node in this colour (dense graphs)
-        T = uc + m.sum(0, keepdim=True) if single else _index_add_rows(uc.clone(), c.seg, m)  # theta_i + sum_e m_e
-        new = m - T * inv if single else m - (T * inv).index_select(0, c.seg)  # eq. (10)
+        if uc.shape[0] == 1:  # one node in this colour (dense graphs)
+            new = m - (uc + m.sum(0, keepdim=True)) * inv
+        else:
+            T = _index_add_rows(uc.clone(), c.seg, m)  # [V, K, B]: T = theta_i + sum_e m_e
+            new = m - (T * inv).index_select(0, c.seg)  # eq. (10)
         if guard:  # pruned states: m = T = -inf; any finite message will do
             new = torch.where(torch.isfinite(m), new, 0.0)
-        if track:
-            b = uc + old.sum(0, keepdim=True) if single else _index_add_rows(uc.clone(), c.seg, old)
-            before = _lse(b, 1).sum(0) + _lse(m - old, 1).sum(0)
-            decrease += before - (_lse(T * inv, 1) / inv[:, 0]).sum(0)
         lamT[c.start:c.stop] = new
-    return decrease
 
 
 def _blocks(uT: torch.Tensor, ph: torch.Tensor, sched: StarSchedule) -> list:
@@ -291,10 +287,13 @@ def _solve(uT: torch.Tensor, pT: torch.Tensor, lamT: torch.Tensor, sched: StarSc
             _sweep(lamT, blocks, guard)
         return iters
     cols = None  # the columns of lamT in the working copies (None: all, lamT itself)
-    u, lam = uT, lamT
+    u, p, lam = uT, pT, lamT
+    prev = _dual(u, p, lam, sched)
     for it in range(iters):
-        decrease = _sweep(lam, blocks, guard, track=True)
-        going = torch.nan_to_num(decrease, nan=0.0, posinf=math.inf, neginf=0.0) >= tol
+        _sweep(lam, blocks, guard)
+        cur = _dual(u, p, lam, sched)
+        going = torch.nan_to_num(prev - cur, nan=0.0, posinf=math.inf, neginf=0.0) >= tol
+        prev = cur
         count = int(going.sum())
         if count == 0 or count <= 0.75 * going.numel():
             if cols is not None:
@@ -303,7 +302,7 @@ def _solve(uT: torch.Tensor, pT: torch.Tensor, lamT: torch.Tensor, sched: StarSc
                 return it + 1
             keep = going.nonzero()[:, 0]
             cols = keep if cols is None else cols[keep]
-            u, lam = uT[..., cols], lamT[..., cols]
+            u, p, lam, prev = uT[..., cols], pT[..., cols], lamT[..., cols], prev[keep]
             blocks = _blocks(u, ph[..., cols], sched)
     if cols is not None:
         lamT[..., cols] = lam
