@@ -41,30 +41,6 @@ Forest forest(const torch::Tensor& u, const torch::Tensor& p, const torch::Tenso
           order.numel(), roots.numel(), G, u.size(1), p.size(1), u.size(2), u.size(0)};
 }
 
-// The entries per chunk: W such that `per_entry` buffer elements per entry fit in kChunkBytes, a multiple
-// of the SIMD width, in [width, kMaxChunk].
-template <typename T>
-int64_t chunk_size(int64_t per_entry) {
-  const int64_t V = Vectorized<T>::size();
-  const int64_t W = kChunkBytes / std::max<int64_t>(1, per_entry * int64_t(sizeof(T)));
-  return std::max(V, std::min(kMaxChunk, W) / V * V);
-}
-
-// dst[j * ld_dst + i] = src[i * ld_src + j] for i < rows, j < cols, by 8 x 8 blocks.
-template <typename T>
-void transpose(const T* src, int64_t ld_src, T* dst, int64_t ld_dst, int64_t rows, int64_t cols) {
-  constexpr int64_t S = 8;
-  for (int64_t i = 0; i < rows; i += S)
-    for (int64_t j = 0; j < cols; j += S) {
-      const T* s = src + i * ld_src + j;
-      T* d = dst + j * ld_dst + i;
-      if (i + S <= rows && j + S <= cols)
-        at::vec::transpose_mxn<T, S, S>(s, ld_src, d, ld_dst);
-      else
-        at::vec::transpose_mxn<T>(s, ld_src, d, ld_dst, int(std::min(S, rows - i)), int(std::min(S, cols - j)));
-    }
-}
-
 // The batch-minor buffers of one chunk: entries [b0, b0 + W), padded with zeros to Wp.
 template <typename T>
 struct Chunk {
