@@ -59,45 +59,41 @@ PAPER_TABLE2 = {"CRANK": "1.82 / 0.02", "Full": "1.0 / 1.0", "Project": "0.17 / 
 L2_BY_CV = {"scene": 0.3, "emotions": 0.1, "yeast": 0.03}  # FixedTree's 5-fold CV choice (baselines_mulan.md)
 L2_GRID = [0.01, 0.03, 0.1, 0.3, 1.0]  # baselines_mulan's grid, for the datasets without a value above
 MAX_LABELS = {"medical": 10}  # the paper's Medical: its 10 most frequent labels
-FUSED = {"on": False}  # --fused: every run with fused=true
 
 
 def run_cli(overrides: list[str], out: Path) -> dict:
     """``structtorch.train.run`` on the composed config (no logger, no progress bar): its metrics."""
-    overrides = [*overrides, "data.val_fraction=0", "logger=none", "trainer.enable_progress_bar=false",
-                 f"fused={str(FUSED['on']).lower()}"]
+    overrides = [*overrides, "data.val_fraction=0", "logger=none", "trainer.enable_progress_bar=false"]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     return run(cfg, out)
 
 
-def data_overrides(data: str, max_labels: int | None) -> list[str]:
-    return [f"data={data}"] + ([f"data.max_labels={max_labels}"] if max_labels else [])
+def dataset_overrides(data: str, max_labels: int | None, fused: bool) -> list[str]:
+    """The overrides every run on a dataset shares: the data, its label cap, the fused kernels on or off."""
+    return [f"data={data}", f"fused={str(fused).lower()}"] + ([f"data.max_labels={max_labels}"] if max_labels else [])
 
 
-def run_one(model: str, data: str, l2: float, max_labels: int | None, out: Path) -> dict:
-    """One Table 1 cell: the run's metrics (its checkpoints under ``out``)."""
-    return run_cli(["+experiment=crank_table1", f"model={model}", *data_overrides(data, max_labels),
-                    f"model.l2={l2}", "trainer.max_epochs=200"], out)
+def cell(model: str, dataset: list[str], l2: float) -> list[str]:
+    """The overrides of one Table 1 cell (``dataset``: ``dataset_overrides``)."""
+    return ["+experiment=crank_table1", f"model={model}", *dataset, f"model.l2={l2}", "trainer.max_epochs=200"]
 
 
-def l2_by_cv(data: str, max_labels: int | None, out: Path) -> float:
+def l2_by_cv(dataset: list[str], out: Path) -> float:
     """FixedTree's 5-fold CV choice of l2 on the training file (``L2_GRID`` as one batched model), as
     ``baselines_mulan.py`` chose ``L2_BY_CV``."""
     grid = ",".join(map(str, L2_GRID))
-    m = run_cli(["model=fixed_tree", *data_overrides(data, max_labels), f"model.l2=[{grid}]", "model.cv_folds=5",
-                 "trainer.max_epochs=1000", "trainer.enable_checkpointing=false"], out)
+    m = run_cli(["model=fixed_tree", *dataset, f"model.l2=[{grid}]", "model.cv_folds=5", "trainer.max_epochs=1000",
+                 "trainer.enable_checkpointing=false"], out)
     return float(m["cv"]["chosen_l2"])
 
 
-def l2_by_model_cv(model: str, data: str, max_labels: int | None, out: Path, folds: int = 5
-                    ) -> tuple[float, str]:
+def l2_by_model_cv(model: str, dataset: list[str], out: Path, folds: int = 5) -> tuple[float, str]:
     """The model's own l2 by ``folds``-fold CV on the training file (one run per l2 of ``L2_GRID`` and fold,
     Hamming accuracy on the held-out fold; the first best on ties): (l2, its CV curve "l2:acc ...")."""
     cv = []
     for lam in L2_GRID:
-        accs = [run_cli(["+experiment=crank_table1", f"model={model}", *data_overrides(data, max_labels),
-                         f"model.l2={lam}", "trainer.max_epochs=200", f"data.num_folds={folds}", f"data.fold={k}",
+        accs = [run_cli([*cell(model, dataset, lam), f"data.num_folds={folds}", f"data.fold={k}",
                          "data.fold_pool=train", "trainer.enable_checkpointing=false"],
                         out / f"{lam}-{k}")["test/hamming_acc"] for k in range(folds)]
         cv.append(100 * sum(accs) / folds)
@@ -161,7 +157,6 @@ def main() -> None:
     ap.add_argument("--update", action="store_true", help="keep the rows of <out>.csv that are not rerun")
     ap.add_argument("--fused", action="store_true", help="fused=true: the fused C++ CPU kernels")
     args = ap.parse_args()
-    FUSED["on"] = args.fused
     out = Path(args.out)
     kept = read_rows(out.with_suffix(".csv")) if args.update else []
     l2 = {**L2_BY_CV, **dict(a.split("=") for a in args.l2)}
@@ -169,18 +164,19 @@ def main() -> None:
     rows = []
     for data in args.datasets:
         L = max_labels.get(data)
+        dataset = dataset_overrides(data, L, args.fused)
         with tempfile.TemporaryDirectory() as tmp:
             if str(l2.get(data, "cv")) == "cv":
-                l2[data] = l2_by_cv(data, L, Path(tmp) / "cv")
+                l2[data] = l2_by_cv(dataset, Path(tmp) / "cv")
                 print(f"{data}: l2 = {l2[data]} (FixedTree's 5-fold CV on the training file)", flush=True)
             runs = {}
             for model in args.models:
                 runs[model] = Path(tmp) / model
                 if l2[data] == "cv-model":
-                    lam, curve = l2_by_model_cv(model, data, L, Path(tmp) / f"cv-{model}")
+                    lam, curve = l2_by_model_cv(model, dataset, Path(tmp) / f"cv-{model}")
                 else:
                     lam, curve = float(l2[data]), ""
-                metrics = run_one(model, data, lam, L, runs[model])
+                metrics = run_cli(cell(model, dataset, lam), runs[model])
                 rows.append({**row(model, data, lam, metrics, paper_labels=L == MAX_LABELS.get(data)),
                              "l2 CV (Hamming %)": curve})
                 print(rows[-1], flush=True)

@@ -245,7 +245,11 @@ def _beliefs(uT: torch.Tensor, pT: torch.Tensor, lamT: torch.Tensor, sched: Star
 
 def _dual(uT: torch.Tensor, pT: torch.Tensor, lamT: torch.Tensor, sched: StarSchedule) -> torch.Tensor:
     """Scaled dual D / eps [B] (eq. 8 at its inner maximiser)."""
-    bn, be = _beliefs(uT, pT, lamT, sched)
+    return _dual_of_beliefs(*_beliefs(uT, pT, lamT, sched))
+
+
+def _dual_of_beliefs(bn: torch.Tensor, be: torch.Tensor) -> torch.Tensor:
+    """Scaled dual D / eps [B] of the scaled beliefs bn [n, K, B], be [E, K, K, B]."""
     return _lse(bn, 1).sum(0) + _lse(be.flatten(1, 2), 1).sum(0)
 
 
@@ -314,10 +318,8 @@ def _dual_and_marginals(uT: torch.Tensor, pT: torch.Tensor, lamT: torch.Tensor, 
     """D(lambda; theta) [B] (eq. 8) and the pseudo-marginals mu_u [B, n, K], mu_p [B, E, K, K] (eq. 9) of
     scaled, pruned potentials and messages in the internal layout."""
     bn, be = _beliefs(uT, pT, lamT, sched)
-    be = be.flatten(1, 2)
-    value = eps * (_lse(bn, 1).sum(0) + _lse(be, 1).sum(0))
-    K = uT.shape[1]
-    return value, _safe_softmax(bn, 1).permute(2, 0, 1), _safe_softmax(be, 1).permute(2, 0, 1).unflatten(-1, (K, K))
+    mu_p = _safe_softmax(be.flatten(1, 2), 1).permute(2, 0, 1).unflatten(-1, be.shape[1:3])
+    return eps * _dual_of_beliefs(bn, be), _safe_softmax(bn, 1).permute(2, 0, 1), mu_p
 
 
 def _fused_solve(unary: torch.Tensor, pair: torch.Tensor, eps: float | torch.Tensor, lam: torch.Tensor,

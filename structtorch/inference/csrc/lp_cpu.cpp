@@ -19,7 +19,7 @@ namespace {
 
 struct Stars {
   const int64_t *order, *ptr, *half;
-  int64_t V, N, E, K, B, max_degree;
+  int64_t V, N, E, K, max_degree;
 };
 
 // log-sum-exp over k < K of term(k) (finite terms), one SIMD vector.
@@ -174,7 +174,7 @@ std::vector<torch::Tensor> lp_solve(const torch::Tensor& u, const torch::Tensor&
   const int64_t* pp = ptr.data_ptr<int64_t>();
   int64_t dmax = 0;
   for (int64_t i = 0; i < N; ++i) dmax = std::max(dmax, pp[i + 1] - pp[i]);
-  const Stars s{order.data_ptr<int64_t>(), pp, half.data_ptr<int64_t>(), order.numel(), N, E, K, B, dmax};
+  const Stars s{order.data_ptr<int64_t>(), pp, half.data_ptr<int64_t>(), order.numel(), N, E, K, dmax};
   auto out_lam = torch::empty_like(lam), mu = torch::empty_like(u), pair = torch::empty_like(p);
   auto value = torch::empty({B}, u.options());
   auto sweeps = torch::zeros({B}, u.options().dtype(torch::kLong));
