@@ -1,18 +1,19 @@
 """CRANK Table 1 (Meshi et al., UAI 2013): CRANK, Full, Greedy, Project, MST and Empty on Mulan standard splits.
 
     python experiments/crank_table1.py [--datasets emotions] [--models crank full greedy project mst independent]
-                                       [--l2 scene=0.3 emotions=cv-model yeast=0.03 medical=cv]
-                                       [--max-labels medical=10]
+                                       [--l2 scene=0.3 emotions=cv-model yeast=cv]
+                                       [--max-labels medical=10] [--pairwise spin|indicator]
                                        [--out experiments/results/crank_table1] [--update] [--fused]
 
 Each row is one run of the CLI code path (``structtorch.train.run`` on the composed Hydra config
 ``+experiment=crank_table1 model=<m> data=<d> model.l2=<l2>``), trained on the whole training file and scored
-once on the test file. One l2 per dataset for every model: by default the value that 5-fold cross-validation
-on the training file chose for FixedTree in ``baselines_mulan.md``; for any other Mulan dataset (or ``--l2
-<dataset>=cv``) the same CV is run first in this call (FixedTree, the grid ``L2_GRID`` as one batched model;
-the test file never chooses anything). ``--l2 <dataset>=cv-model`` chooses each model's own l2 by 5-fold CV on
-the training file (``data.fold_pool=train``: every (l2, fold) of ``L2_GRID`` one run of that model, trained on
-four folds and scored by Hamming accuracy on the fifth; the curve goes into the row). ``--max-labels`` keeps a
+once on the test file. Every model scores label pairs by Ising couplings w_ij s_i s_j of the spins s = 2y - 1
+(``model.spin=true``; ``--pairwise indicator``: w_ij y_i y_j). One l2 per dataset for every model, by default
+chosen first in this call by 5-fold cross-validation on the training file (FixedTree, the grid ``L2_GRID`` as
+one batched model, Hamming accuracy; the test file never chooses anything), or given as ``--l2 <dataset>=<value>``.
+``--l2 <dataset>=cv-model`` chooses each model's own l2 by 5-fold CV on the training file
+(``data.fold_pool=train``: every (l2, fold) of ``L2_GRID`` one run of that model, trained on four folds and
+scored by Hamming accuracy on the fifth; the curve goes into the row). ``--max-labels`` keeps a
 dataset's most frequent labels (default: medical=10, the paper's Medical). Writes <out>.md / .csv with the
 paper's rows beside ours, the learned trees, and Table 2 (train and test time relative to Full, for the
 datasets where Full ran in the same call; "test s" is the prediction of the whole test file by each trained
@@ -56,8 +57,7 @@ PAPER = {  # Table 1, Hamming / 0-1 / example F1 (%)
 }
 PAPER_TABLE2 = {"CRANK": "1.82 / 0.02", "Full": "1.0 / 1.0", "Project": "0.17 / 0.06", "MST": "1.32 / 0.02",
                 "Empty": "0.01 / 0.02"}  # Table 2 (yeast): time relative to Full
-L2_BY_CV = {"scene": 0.3, "emotions": 0.1, "yeast": 0.03}  # FixedTree's 5-fold CV choice (baselines_mulan.md)
-L2_GRID = [0.01, 0.03, 0.1, 0.3, 1.0]  # baselines_mulan's grid, for the datasets without a value above
+L2_GRID = [0.01, 0.03, 0.1, 0.3, 1.0]  # baselines_mulan's grid
 MAX_LABELS = {"medical": 10}  # the paper's Medical: its 10 most frequent labels
 
 
@@ -69,9 +69,11 @@ def run_cli(overrides: list[str], out: Path) -> dict:
     return run(cfg, out)
 
 
-def dataset_overrides(data: str, max_labels: int | None, fused: bool) -> list[str]:
-    """The overrides every run on a dataset shares: the data, its label cap, the fused kernels on or off."""
-    return [f"data={data}", f"fused={str(fused).lower()}"] + ([f"data.max_labels={max_labels}"] if max_labels else [])
+def dataset_overrides(data: str, max_labels: int | None, fused: bool, spin: bool) -> list[str]:
+    """The overrides every run on a dataset shares: the data, its label cap, the fused kernels on or off, the
+    pairwise parametrisation."""
+    return ([f"data={data}", f"fused={str(fused).lower()}", f"model.spin={str(spin).lower()}"]
+            + ([f"data.max_labels={max_labels}"] if max_labels else []))
 
 
 def cell(model: str, dataset: list[str], l2: float) -> list[str]:
@@ -80,8 +82,8 @@ def cell(model: str, dataset: list[str], l2: float) -> list[str]:
 
 
 def l2_by_cv(dataset: list[str], out: Path) -> float:
-    """FixedTree's 5-fold CV choice of l2 on the training file (``L2_GRID`` as one batched model), as
-    ``baselines_mulan.py`` chose ``L2_BY_CV``."""
+    """FixedTree's 5-fold CV choice of l2 on the training file (``L2_GRID`` as one batched model), as in
+    ``baselines_mulan.py``."""
     grid = ",".join(map(str, L2_GRID))
     m = run_cli(["model=fixed_tree", *dataset, f"model.l2=[{grid}]", "model.cv_folds=5", "trainer.max_epochs=1000",
                  "trainer.enable_checkpointing=false"], out)
@@ -156,15 +158,17 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "experiments/results/crank_table1"))
     ap.add_argument("--update", action="store_true", help="keep the rows of <out>.csv that are not rerun")
     ap.add_argument("--fused", action="store_true", help="fused=true: the fused C++ CPU kernels")
+    ap.add_argument("--pairwise", choices=["spin", "indicator"], default="spin",
+                    help="pairwise scores w_ij s_i s_j on spins s = 2y - 1 (model.spin=true) or w_ij y_i y_j")
     args = ap.parse_args()
     out = Path(args.out)
     kept = read_rows(out.with_suffix(".csv")) if args.update else []
-    l2 = {**L2_BY_CV, **dict(a.split("=") for a in args.l2)}
+    l2 = dict(a.split("=") for a in args.l2)
     max_labels = {**MAX_LABELS, **{k: int(v) for k, v in (a.split("=") for a in args.max_labels)}}
     rows = []
     for data in args.datasets:
         L = max_labels.get(data)
-        dataset = dataset_overrides(data, L, args.fused)
+        dataset = dataset_overrides(data, L, args.fused, args.pairwise == "spin")
         with tempfile.TemporaryDirectory() as tmp:
             if str(l2.get(data, "cv")) == "cv":
                 l2[data] = l2_by_cv(dataset, Path(tmp) / "cv")

@@ -41,7 +41,14 @@ class ModelConfig:
 
 
 @dataclass
-class FixedTreeConfig(ModelConfig):
+class M3NConfig(ModelConfig):
+    """Learners of the Finley-Joachims energy (independent, fixed_tree, greedy, mst, full, crank, project)."""
+
+    spin: bool = False  # pairwise w_ij s_i s_j on spins s = 2y - 1 (Ising) instead of w_ij y_i y_j
+
+
+@dataclass
+class FixedTreeConfig(M3NConfig):
     """FixedTree: ``tree`` is "chow_liu" (max spanning tree of label mutual information on the
     training labels), "chain", "star" or "empty"."""
 
@@ -49,14 +56,14 @@ class FixedTreeConfig(ModelConfig):
 
 
 @dataclass
-class GreedyConfig(ModelConfig):
+class GreedyConfig(M3NConfig):
     """Greedy: candidates of a step ranked after ``search_iters`` L-BFGS iterations from the current forest."""
 
     search_iters: int = 50
 
 
 @dataclass
-class FullConfig(ModelConfig):
+class FullConfig(M3NConfig):
     """Full: complete graph, smoothed-LP hinge; test_inference "smoothed_lp" or "lp_map"."""
 
     test_inference: str = "smoothed_lp"
@@ -260,6 +267,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="model", name="m3n_schema", node=M3NConfig)
     cs.store(group="model", name="fixed_tree_schema", node=FixedTreeConfig)
     cs.store(group="model", name="greedy_schema", node=GreedyConfig)
     cs.store(group="model", name="full_schema", node=FullConfig)

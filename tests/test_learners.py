@@ -12,7 +12,7 @@ from structtorch import Graph, Potentials
 from structtorch.data import SyntheticDataModule, random_tree
 from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy
 from structtorch.inference import tree_sample
-from structtorch.learners import LEARNERS, FixedTree, Independent, StructuredLearner
+from structtorch.learners import LEARNERS, M3N, FixedTree, Independent, StructuredLearner
 from structtorch.structure.edge_scores import chow_liu_tree
 
 EPOCHS = 12
@@ -416,3 +416,74 @@ def test_chow_liu_returns_a_spanning_tree_on_any_labels(dm):
     noise = torch.randint(0, 2, (50, 9), generator=torch.Generator().manual_seed(0))
     g = chow_liu_tree(noise)
     assert g.is_tree and g.num_edges == 8
+
+
+def _all_labelings(n: int) -> torch.Tensor:
+    """Every y in {0, 1}^n [2^n, n]."""
+    return (torch.arange(2 ** n)[:, None] >> torch.arange(n)) & 1
+
+
+@pytest.mark.parametrize("spin", [False, True])
+def test_finley_joachims_scores_every_labeling_as_its_formula(spin):
+    """score(x, y) over all 2^n labelings: sum_i y_i (w_i^T x + b_i) + sum_ij w_ij y_i y_j, or with spin
+    w_ij s_i s_j (s = 2y - 1); the spin model is the indicator model with couplings 4 w_ij and biases
+    b_i - 2 sum_j w_ij, up to a constant per x."""
+    torch.manual_seed(0)
+    n, D, graph = 4, 3, Graph.complete(4)
+    energy = FinleyJoachimsEnergy(D, n, graph, spin=spin).double()
+    with torch.no_grad():
+        for p in energy.parameters():
+            p.copy_(torch.randn(p.shape, dtype=p.dtype))
+    x, ys = torch.randn(5, D, dtype=torch.float64), _all_labelings(n)
+    pot = energy(x)
+    scores = torch.stack([pot.score(y.expand(5, n)) for y in ys], 1)  # [5, 2^n]
+    s1 = energy.unary(x)  # [5, n]
+    w, (i, j) = energy.edge_weight.detach(), graph.edges.T
+    z = 2 * ys - 1 if spin else ys
+    expected = ys.double() @ s1.T.detach() + ((z[:, i] * z[:, j]).double() @ w)[:, None]  # [2^n, 5]
+    assert torch.allclose(scores, expected.T, atol=1e-12)
+    if spin:  # the same score function as the reparametrised indicator model, up to a constant per x
+        indicator = FinleyJoachimsEnergy(D, n, graph).double()
+        with torch.no_grad():
+            indicator.unary.weight.copy_(energy.unary.weight)
+            degree_sum = torch.zeros(n, dtype=torch.float64).index_add_(0, i, w).index_add_(0, j, w)
+            indicator.unary.bias.copy_(energy.unary.bias - 2 * degree_sum)
+            indicator.edge_weight.copy_(4 * w)
+        ipot = indicator(x)
+        other = torch.stack([ipot.score(y.expand(5, n)) for y in ys], 1)
+        assert torch.allclose(scores - other, (scores - other)[:, :1].expand_as(scores), atol=1e-12)
+
+
+@pytest.mark.parametrize("spin", [False, True])
+def test_finley_joachims_block_gram_equals_autograd(spin):
+    """block_gram's node and edge parts sum to the Gram of the per-example gradients of <pot(x_b), d_b>
+    (bias coordinates weighted by bias_scale), computed here by autograd."""
+    torch.manual_seed(1)
+    B, D, n, bias_scale = 4, 3, 4, 7.0
+    energy = FinleyJoachimsEnergy(D, n, Graph.complete(n), spin=spin).double()
+    x = torch.randn(B, D, dtype=torch.float64)
+    d_u, d_p = torch.randn(B, n, 2, dtype=torch.float64), torch.randn(B, 6, 2, 2, dtype=torch.float64)
+    grads = []
+    for b in range(B):
+        pot = energy(x[b:b + 1])
+        inner = (pot.unary[0] * d_u[b]).sum() + (pot.pairwise * d_p[b]).sum()  # pairwise [E, 2, 2], shared
+        g = torch.autograd.grad(inner, [energy.unary.weight, energy.unary.bias, energy.edge_weight])
+        grads.append(torch.cat([g[0].flatten(), g[1] * bias_scale ** 0.5, g[2]]))
+    gram = torch.stack(grads) @ torch.stack(grads).T
+    nodes, edges = energy.block_gram(x, d_u, d_p, bias_scale)
+    assert torch.allclose(nodes.sum(0) + edges.sum(0), gram, atol=1e-10)
+
+
+def test_spin_is_a_saved_hyperparameter_of_every_m3n_learner(tmp_path):
+    m3n = [name for name, cls in LEARNERS.items() if issubclass(cls, M3N)]
+    assert {"independent", "fixed_tree", "greedy", "mst", "full", "crank", "project"} <= set(m3n)
+    model = FixedTree(3, 4, edges=Graph.chain(4).edges.tolist(), spin=True)
+    assert model.energy.spin and model.hparams.spin
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams),
+                "pytorch-lightning_version": L.__version__}, tmp_path / "m.ckpt")
+    loaded = FixedTree.load_from_checkpoint(tmp_path / "m.ckpt")
+    assert loaded.energy.spin
+    x = torch.randn(5, 3)
+    assert torch.equal(loaded.energy(x).pairwise, model.energy(x).pairwise)
+    with pytest.raises(ValueError, match="spin must be a bool"):
+        Independent(3, 4, spin="yes")

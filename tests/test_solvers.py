@@ -71,13 +71,13 @@ def chain_problem(K: int = 2, n: int = 5, N: int = 60, seed: int = 0):
     return x, y
 
 
-@pytest.mark.parametrize("energy_kind", ["finley_joachims", "table3"])
+@pytest.mark.parametrize("energy_kind", ["finley_joachims", "spin", "table3"])
 def test_chain_certificate_equals_block_gaps_and_dual_is_monotone(energy_kind):
-    K = 2 if energy_kind == "finley_joachims" else 3
+    K = 3 if energy_kind == "table3" else 2
     x, y = chain_problem(K)
     n, N = y.shape[1], len(x)
-    if energy_kind == "finley_joachims":
-        energy = FinleyJoachimsEnergy(6, n, Graph.chain(n)).double()
+    if energy_kind != "table3":
+        energy = FinleyJoachimsEnergy(6, n, Graph.chain(n), spin=energy_kind == "spin").double()
     else:
         energy = LinearTableEnergy(6, n, K, Graph.chain(n), input_dependent_pairwise=True).double()
     solver = BCFW(energy, N, 0.5, tol=1e-3)

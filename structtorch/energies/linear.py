@@ -61,8 +61,13 @@ class FinleyJoachimsEnergy(Energy):
     """Binary multilabel energy of Finley & Joachims: score(x, y) = sum_i y_i (w_i^T x + b_i)
     + sum_(ij in E) w_ij y_i y_j, y in {0, 1}^n.
 
-    Potentials: unary [B, n, 2] (state 0 scores 0), pairwise [E, 2, 2] (only [1, 1] non-zero,
-    shared across the batch). With ``num_models=M``: parameters unary.weight [M, n, D],
+    ``spin=True``: the pairwise score is the Ising coupling w_ij s_i s_j of the spins s = 2y - 1 in {-1, +1}
+    (table w_ij [[1, -1], [-1, 1]]). The same family of score functions (with the biases), but the l2 on
+    w_ij now prices a coupling together with its shift of both labels' biases, a 16x cheaper interaction
+    4 w_ij y_i y_j: the parametrisation that reproduces CRANK's published Table 1.
+
+    Potentials: unary [B, n, 2] (state 0 scores 0), pairwise [E, 2, 2] (only [1, 1] non-zero, or
+    w_ij times the spin table; shared across the batch). With ``num_models=M``: parameters unary.weight [M, n, D],
     unary.bias [M, n], edge_weight [M, E]; unary [M, B, n, 2], pairwise [M, 1, E, 2, 2].
     ``edge_mask`` (bool [(M,) E] buffer, default all True) gives each model its own edge subset: the
     weights outside it score nothing (and get no gradient), e.g. one forest per model of a structure search.
@@ -71,9 +76,12 @@ class FinleyJoachimsEnergy(Energy):
     is_linear = True
 
     def __init__(self, num_features: int, num_labels: int, graph: Graph | None = None, bias: bool = True,
-                 num_models: int | None = None) -> None:
+                 num_models: int | None = None, spin: bool = False) -> None:
         super().__init__()
         _check_num_models(num_models)
+        if not isinstance(spin, bool):
+            raise ValueError(f"spin must be a bool, got {spin!r}")
+        self.spin = spin
         self.graph = _as_graph(graph, num_labels)
         if self.graph.num_nodes != num_labels or self.graph.is_ensemble:
             raise ValueError(f"graph must be a single graph on num_labels={num_labels} nodes, got {self.graph}")
@@ -92,11 +100,16 @@ class FinleyJoachimsEnergy(Energy):
     def forward(self, x: torch.Tensor) -> Potentials:
         s1 = self.unary(x)  # [(M,) B, n]
         unary = torch.stack([torch.zeros_like(s1), s1], -1)
-        w = self.edge_weight * self.edge_mask  # [(M,) E]: the [1, 1] entry of each edge table, the rest 0
-        pair = torch.cat([w.new_zeros(*w.shape, 3), w.unsqueeze(-1)], -1).view(*w.shape, 2, 2)
+        w = self.edge_weight * self.edge_mask  # [(M,) E]
+        pair = w[..., None, None] * self._pair_table(w)
         if self.num_models is not None:
             pair = pair.unsqueeze(1)
         return Potentials(unary, pair, self.graph)
+
+    def _pair_table(self, like: torch.Tensor) -> torch.Tensor:
+        """[2, 2] the edge table per unit of w_ij: [[0, 0], [0, 1]] (y_i y_j) or [[1, -1], [-1, 1]] (s_i s_j)."""
+        table = [[1.0, -1.0], [-1.0, 1.0]] if self.spin else [[0.0, 0.0], [0.0, 1.0]]
+        return torch.tensor(table, dtype=like.dtype, device=like.device)
 
     def pairwise_weights(self) -> torch.Tensor:
         return self.edge_weight
@@ -117,7 +130,8 @@ class FinleyJoachimsEnergy(Energy):
         to a node/edge subset, is the sum of its parts (each node and edge owns disjoint parameters).
         """
         feat = _feature_gram(x, bias_scale if self.unary.bias is not None else None)
-        du, dp = d_unary[..., 1].transpose(-1, -2), d_pair[..., 1, 1].transpose(-1, -2)  # [(M,) n, B], [(M,) E, B]
+        dp = (d_pair * self._pair_table(d_pair)).sum((-2, -1))  # d <pot, d_b> / d w_ij
+        du, dp = d_unary[..., 1].transpose(-1, -2), dp.transpose(-1, -2)  # [(M,) n, B], [(M,) E, B]
         return du[..., :, None] * du[..., None, :] * feat, dp[..., :, None] * dp[..., None, :]
 
 

@@ -20,18 +20,37 @@ from .base import StructuredLearner
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Independent", "FixedTree", "Full", "Greedy", "MST", "edge_mask", "forest_objectives", "train_forests"]
+__all__ = ["M3N", "Independent", "FixedTree", "Full", "Greedy", "MST", "edge_mask", "forest_objectives",
+           "train_forests"]
 
 
-class Independent(StructuredLearner):
+class M3N(StructuredLearner):
+    """A learner of the Finley-Joachims energy (``FinleyJoachimsEnergy``) on a graph of its choice.
+
+    Args:
+        spin: pairwise scores w_ij s_i s_j on spins s = 2y - 1 (Ising couplings) instead of w_ij y_i y_j.
+        Other args as ``StructuredLearner``.
+    """
+
+    def __init__(self, num_features: int, num_labels: int, spin: bool = False, **kwargs) -> None:
+        self.spin = spin  # read by build_energy, called in StructuredLearner.__init__ (the energy checks it)
+        super().__init__(num_features, num_labels, **kwargs)
+        self.save_hyperparameters({"spin": spin})
+
+    def m3n_energy(self, graph: Graph, num_models: int | None) -> FinleyJoachimsEnergy:
+        """The Finley-Joachims energy of these features and labels on ``graph``."""
+        return FinleyJoachimsEnergy(self.hparams.num_features, self.hparams.num_labels, graph, num_models=num_models,
+                                    spin=self.spin)
+
+
+class Independent(M3N):
     """Empty structure: one linear max-margin classifier per label (CRANK's Empty baseline)."""
 
     def build_energy(self) -> FinleyJoachimsEnergy:
-        n = self.hparams.num_labels
-        return FinleyJoachimsEnergy(self.hparams.num_features, n, Graph.empty(n), num_models=self.num_models)
+        return self.m3n_energy(Graph.empty(self.hparams.num_labels), self.num_models)
 
 
-class FixedTree(StructuredLearner):
+class FixedTree(M3N):
     """M3N (Finley-Joachims energy) on a tree or forest over the labels.
 
     Args:
@@ -40,7 +59,7 @@ class FixedTree(StructuredLearner):
             is built on the complete graph and restricted to the tree before training
             (``build_structure``); the tree is kept in the checkpoint.
         edges: an explicit tree as label pairs [[i, j], ...] (then ``tree`` is ignored).
-        Other args as ``StructuredLearner``.
+        Other args as ``M3N``.
     """
 
     TREES = ("chow_liu", "chain", "star", "empty")
@@ -58,7 +77,7 @@ class FixedTree(StructuredLearner):
         graph = Graph.complete(n) if self._edges is None else Graph(n, self._edges)
         if not graph.is_forest and self._edges is not None:
             raise ValueError(f"FixedTree needs a tree or forest over the labels, got edges {self._edges.tolist()}")
-        return FinleyJoachimsEnergy(self.hparams.num_features, n, graph, num_models=self.num_models)
+        return self.m3n_energy(graph, self.num_models)
 
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         if self._edges is not None:
@@ -84,18 +103,18 @@ def edge_mask(sub: Graph, candidate: Graph) -> torch.Tensor:
 
 def train_forests(x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor, lam: float, bias_reg: float = 1e-4,
                   tol: float = 1e-3, margin_scale: float = 1.0, start: tuple[SmoothedLBFGS, int] | None = None,
-                  iterations: int | None = None) -> SmoothedLBFGS:
+                  iterations: int | None = None, spin: bool = False) -> SmoothedLBFGS:
     """M3N on each of M forests, all trained as one batched model to a relative duality gap <= tol.
 
     x [N, D], y [N, n] long; forests: bool [M, E] over ``Graph.complete(n)``'s edges, each row a forest.
     start: (solver, m) of an earlier call: every model starts from its model m (weights, zero on the edges
     outside m's forest, and temperature), e.g. a forest grown by one edge starts from the forest's
     optimum. iterations: instead of certifying at tol, that many L-BFGS iterations at the starting
-    temperature, then one certificate. Returns the solver (``.last``: the certificate [M], ``.energy``: the
-    weights; exact tree inference per model: ``ForestSmoothedMax``)."""
+    temperature, then one certificate. spin: as ``FinleyJoachimsEnergy``. Returns the solver (``.last``: the
+    certificate [M], ``.energy``: the weights; exact tree inference per model: ``ForestSmoothedMax``)."""
     n = y.shape[1]
     graph = Graph.complete(n)
-    energy = FinleyJoachimsEnergy(x.shape[1], n, graph, num_models=forests.shape[0]).to(torch.float64)
+    energy = FinleyJoachimsEnergy(x.shape[1], n, graph, num_models=forests.shape[0], spin=spin).to(torch.float64)
     energy.edge_mask.copy_(forests)
     if start is not None:
         old, m = start
@@ -137,7 +156,7 @@ class _StructureSearch(FixedTree):
                start: tuple[SmoothedLBFGS, int] | None = None, iterations: int | None = None) -> SmoothedLBFGS:
         hp = self.hparams
         return train_forests(x.to(torch.float64), y, forests, self.l2_grid[0], hp.bias_reg, hp.tol, hp.margin_scale,
-                             start, iterations)
+                             start, iterations, self.spin)
 
     def structure_summary(self) -> dict:
         """The learned tree and the search that found it (objectives per step / per edge)."""
@@ -202,7 +221,7 @@ class Greedy(_StructureSearch):
                      len(candidates), self.search_log[-1]["objective"])
 
 
-class Full(StructuredLearner):
+class Full(M3N):
     """Full baseline of CRANK: the Finley-Joachims energy on the complete label graph.
 
     Training: structured hinge whose loss-augmented max is the entropy-smoothed LP value
@@ -216,7 +235,7 @@ class Full(StructuredLearner):
             Adam path's warm-started ``smoothed_lp``; solver="lbfgs" lowers eps itself, solver="bcfw" uses
             eps as its oracle's smoothing).
         predict_eps / predict_iters: the same for prediction (cold start).
-        test_inference: "smoothed_lp" or "lp_map". Other args as ``StructuredLearner``.
+        test_inference: "smoothed_lp" or "lp_map". Other args as ``M3N``.
     """
 
     def __init__(self, num_features: int, num_labels: int, eps: float = 0.01, iters: int = 20, lp_tol: float = 1e-4,
@@ -230,8 +249,7 @@ class Full(StructuredLearner):
         self.example_state.add("messages", (self.energy.graph.num_edges, 2, 2))  # [N_train, E, 2, K] warm starts
 
     def build_energy(self) -> FinleyJoachimsEnergy:
-        n = self.hparams.num_labels
-        return FinleyJoachimsEnergy(self.hparams.num_features, n, Graph.complete(n), num_models=self.num_models)
+        return self.m3n_energy(Graph.complete(self.hparams.num_labels), self.num_models)
 
     def smoothed_max(self) -> SmoothedMax:
         """The smoothed LP relaxation (cold start, ``predict_iters`` sweeps): certifies the LP-relaxed hinge."""

@@ -74,8 +74,7 @@ class CRANK(Full):
 
     def _starting_points(self) -> FinleyJoachimsEnergy:
         hp = self.hparams
-        energy = FinleyJoachimsEnergy(hp.num_features, hp.num_labels, Graph.complete(hp.num_labels),
-                                      num_models=hp.restarts).to(torch.float64)
+        energy = self.m3n_energy(Graph.complete(hp.num_labels), hp.restarts).to(torch.float64)
         gen = torch.Generator().manual_seed(hp.seed)
         with torch.no_grad():
             for p in energy.parameters():
