@@ -69,15 +69,15 @@ def run_cli(overrides: list[str], out: Path) -> dict:
     return run(cfg, out)
 
 
-def dataset_overrides(data: str, max_labels: int | None, fused: bool, spin: bool) -> list[str]:
-    """The overrides every run on a dataset shares: the data, its label cap, the fused kernels on or off, the
-    pairwise parametrisation."""
+def shared_overrides(data: str, max_labels: int | None, fused: bool, spin: bool) -> list[str]:
+    """The overrides every run on a dataset shares (the CV runs and the cells): the data, its label cap, the
+    fused kernels on or off, the pairwise parametrisation."""
     return ([f"data={data}", f"fused={str(fused).lower()}", f"model.spin={str(spin).lower()}"]
             + ([f"data.max_labels={max_labels}"] if max_labels else []))
 
 
 def cell(model: str, dataset: list[str], l2: float) -> list[str]:
-    """The overrides of one Table 1 cell (``dataset``: ``dataset_overrides``)."""
+    """The overrides of one Table 1 cell (``dataset``: ``shared_overrides``)."""
     return ["+experiment=crank_table1", f"model={model}", *dataset, f"model.l2={l2}", "trainer.max_epochs=200"]
 
 
@@ -168,7 +168,7 @@ def main() -> None:
     rows = []
     for data in args.datasets:
         L = max_labels.get(data)
-        dataset = dataset_overrides(data, L, args.fused, args.pairwise == "spin")
+        dataset = shared_overrides(data, L, args.fused, args.pairwise == "spin")
         with tempfile.TemporaryDirectory() as tmp:
             if str(l2.get(data, "cv")) == "cv":
                 l2[data] = l2_by_cv(dataset, Path(tmp) / "cv")

@@ -96,20 +96,18 @@ class FinleyJoachimsEnergy(Energy):
             self.unary = BatchedLinear(num_models, num_features, num_labels, bias=bias)
             self.edge_weight = nn.Parameter(torch.zeros(num_models, self.graph.num_edges))
         self.register_buffer("edge_mask", torch.ones(self.edge_weight.shape, dtype=torch.bool), persistent=False)
+        # [2, 2] the edge table per unit of w_ij: [[0, 0], [0, 1]] (y_i y_j) or [[1, -1], [-1, 1]] (s_i s_j)
+        table = [[1.0, -1.0], [-1.0, 1.0]] if spin else [[0.0, 0.0], [0.0, 1.0]]
+        self.register_buffer("pair_table", torch.tensor(table), persistent=False)
 
     def forward(self, x: torch.Tensor) -> Potentials:
         s1 = self.unary(x)  # [(M,) B, n]
         unary = torch.stack([torch.zeros_like(s1), s1], -1)
         w = self.edge_weight * self.edge_mask  # [(M,) E]
-        pair = w[..., None, None] * self._pair_table(w)
+        pair = w[..., None, None] * self.pair_table
         if self.num_models is not None:
             pair = pair.unsqueeze(1)
         return Potentials(unary, pair, self.graph)
-
-    def _pair_table(self, like: torch.Tensor) -> torch.Tensor:
-        """[2, 2] the edge table per unit of w_ij: [[0, 0], [0, 1]] (y_i y_j) or [[1, -1], [-1, 1]] (s_i s_j)."""
-        table = [[1.0, -1.0], [-1.0, 1.0]] if self.spin else [[0.0, 0.0], [0.0, 1.0]]
-        return torch.tensor(table, dtype=like.dtype, device=like.device)
 
     def pairwise_weights(self) -> torch.Tensor:
         return self.edge_weight
@@ -130,7 +128,7 @@ class FinleyJoachimsEnergy(Energy):
         to a node/edge subset, is the sum of its parts (each node and edge owns disjoint parameters).
         """
         feat = _feature_gram(x, bias_scale if self.unary.bias is not None else None)
-        dp = (d_pair * self._pair_table(d_pair)).sum((-2, -1))  # d <pot, d_b> / d w_ij
+        dp = (d_pair * self.pair_table).sum((-2, -1))  # d <pot, d_b> / d w_ij
         du, dp = d_unary[..., 1].transpose(-1, -2), dp.transpose(-1, -2)  # [(M,) n, B], [(M,) E, B]
         return du[..., :, None] * du[..., None, :] * feat, dp[..., :, None] * dp[..., None, :]
 
