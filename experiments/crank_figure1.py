@@ -12,9 +12,10 @@ edge weights, labels = exact MAP of the true model); a test set of 1000 and trai
 every size of one repetition sees the same true tree and test set, and a smaller training set is a prefix
 of a larger one. Each run is one call of the CLI code path (``structtorch.train.run`` on the composed Hydra
 config ``+experiment=crank_table1 model=<m> data=synthetic data.num_train=<size> data.num_test=1000
-data.seed=<r> model.l2=<l2>``), trained on the whole training set (no validation split) and scored once on
-the test set. Edge recovery is the fraction of the true tree's n - 1 = 9 edges in the learned structure,
-for the models whose learned structure is a forest (CRANK, Greedy, Project, MST); blank for Full and Empty.
+data.seed=<r> model.l2=<l2> model.spin=false``: the generator's pairwise score w_ij y_i y_j), trained on the
+whole training set (no validation split) and scored once on the test set. Edge recovery is the fraction of
+the true tree's n - 1 = 9 edges in the learned structure, for the models whose learned structure is a forest
+(CRANK, Greedy, Project, MST); blank for Full and Empty.
 
 Writes <out>_runs.md / .csv (every run; rewritten after each run, so a long job keeps what it has; ``--resume``
 keeps the runs already there and runs only the missing (size, rep, model) triples),
@@ -53,8 +54,9 @@ PAPER_FINDING = ("Paper (Fig. 1): the structured models do significantly better 
 
 def config(model: str, size: int, rep: int, l2: float):
     overrides = ["+experiment=crank_table1", f"model={model}", "data=synthetic", f"data.num_train={size}",
-                 "data.num_test=1000", f"data.seed={rep}", f"model.l2={l2}", "data.val_fraction=0", "logger=none",
-                 "trainer.max_epochs=200", "trainer.enable_progress_bar=false", "trainer.enable_checkpointing=false"]
+                 "data.num_test=1000", f"data.seed={rep}", f"model.l2={l2}", "model.spin=false",
+                 "data.val_fraction=0", "logger=none", "trainer.max_epochs=200", "trainer.enable_progress_bar=false",
+                 "trainer.enable_checkpointing=false"]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return compose("config", overrides=overrides)
 

@@ -44,7 +44,7 @@ class ModelConfig:
 class M3NConfig(ModelConfig):
     """Learners of the Finley-Joachims energy (independent, fixed_tree, greedy, mst, full, crank, project)."""
 
-    spin: bool = False  # pairwise w_ij s_i s_j on spins s = 2y - 1 (Ising) instead of w_ij y_i y_j
+    spin: bool = True  # pairwise w_ij s_i s_j on spins s = 2y - 1 (Ising); false: w_ij y_i y_j
 
 
 @dataclass

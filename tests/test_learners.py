@@ -477,12 +477,13 @@ def test_finley_joachims_block_gram_equals_autograd(spin):
 def test_spin_is_a_saved_hyperparameter_of_every_m3n_learner(tmp_path):
     m3n = [name for name, cls in LEARNERS.items() if issubclass(cls, M3N)]
     assert {"independent", "fixed_tree", "greedy", "mst", "full", "crank", "project"} <= set(m3n)
-    model = FixedTree(3, 4, edges=Graph.chain(4).edges.tolist(), spin=True)
-    assert model.energy.spin and model.hparams.spin
+    assert Independent(3, 4).energy.spin  # the default
+    model = FixedTree(3, 4, edges=Graph.chain(4).edges.tolist(), spin=False)  # not the default: must be restored
+    assert not model.energy.spin and not model.hparams.spin
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams),
                 "pytorch-lightning_version": L.__version__}, tmp_path / "m.ckpt")
     loaded = FixedTree.load_from_checkpoint(tmp_path / "m.ckpt")
-    assert loaded.energy.spin
+    assert not loaded.energy.spin
     x = torch.randn(5, 3)
     assert torch.equal(loaded.energy(x).pairwise, model.energy(x).pairwise)
     with pytest.raises(ValueError, match="spin must be a bool"):

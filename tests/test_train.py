@@ -132,6 +132,17 @@ def test_every_model_config_builds_a_learner(model):
         assert learner.hparams[key] == cfg.model[key]
 
 
+@pytest.mark.parametrize("model", ["independent", "fixed_tree", "greedy", "mst", "full", "crank", "project"])
+def test_m3n_learners_default_to_spin_couplings(model):
+    """model.spin is true by default for every Finley-Joachims learner and reaches its energy;
+    model.spin=false gives the paper's w_ij y_i y_j."""
+    cfg = small_cfg(f"model={model}")
+    dm = build_datamodule(cfg.data)
+    learner = build_learner(cfg.model, dm)
+    assert cfg.model.spin is True and learner.hparams.spin and learner.energy.spin
+    assert not build_learner(small_cfg(f"model={model}", "model.spin=false").model, dm).energy.spin
+
+
 @pytest.mark.parametrize("override", ["model.lrr=0.1", "trainer.max_epoch=3", "data.num_trian=10", "seeed=1",
                                       "model.tree=chain", "model.lr=abc", "trainer.max_epochs=many",
                                       "data.name=emotions"])
