@@ -1,26 +1,26 @@
 """CRANK Table 1 (Meshi et al., UAI 2013): CRANK, Full, Greedy, Project, MST and Empty on Mulan standard splits.
 
     python experiments/crank_table1.py [--datasets emotions] [--models crank full greedy project mst independent]
-                                       [--l2 scene=0.3 emotions=cv-model yeast=cv]
+                                       [--l2 scene=0.3 emotions=cv-model yeast=cv] [--grid 0.01 0.03 0.1 0.3 1]
                                        [--max-labels medical=10] [--pairwise spin|indicator]
                                        [--out experiments/results/crank_table1] [--update] [--fused]
 
 Each row is one run of the CLI code path (``structtorch.train.run`` on the composed Hydra config
-``+experiment=crank_table1 model=<m> data=<d> model.l2=<l2>``), trained on the whole training file and scored
-once on the test file. Every model scores label pairs by Ising couplings w_ij s_i s_j of the spins s = 2y - 1
+``+experiment=crank_table1 model=<m> data=<d> model.l2=<l2>``), trained on the whole training file and scored once
+on the test file. Every model scores label pairs by Ising couplings w_ij s_i s_j of the spins s = 2y - 1
 (``model.spin=true``; ``--pairwise indicator``: w_ij y_i y_j). One l2 per dataset for every model, by default
-chosen first in this call by 5-fold cross-validation on the training file (FixedTree, the grid ``L2_GRID`` as
-one batched model, Hamming accuracy; the test file never chooses anything), or given as ``--l2 <dataset>=<value>``.
+chosen first in this call by 5-fold cross-validation on the training file (FixedTree, the grid ``L2_GRID`` as one
+batched model, Hamming accuracy; the test file never chooses anything), or given as ``--l2 <dataset>=<value>``.
 ``--l2 <dataset>=cv-model`` chooses each model's own l2 by 5-fold CV on the training file
-(``data.fold_pool=train``: every (l2, fold) of ``L2_GRID`` one run of that model, trained on four folds and
-scored by Hamming accuracy on the fifth; the curve goes into the row). ``--max-labels`` keeps a
-dataset's most frequent labels (default: medical=10, the paper's Medical). Writes <out>.md / .csv with the
-paper's rows beside ours, the learned trees, and Table 2 (train and test time relative to Full, for the
-datasets where Full ran in the same call; "test s" is the prediction of the whole test file by each trained
-learner, ``learner(x_test)`` (energy plus inference, without the test loop's data loading and metrics), all of
-a dataset's models loaded from their checkpoints and timed side by side at the end: one thread, interleaved,
-best of 7). ``--update`` keeps the committed rows of the (dataset, model) pairs not rerun. ``--fused`` trains
-with ``fused=true`` (the fused C++ CPU kernels: the same results up to rounding).
+(``data.fold_pool=train``: every (l2, fold) of ``--grid`` (default ``L2_GRID``) one run of that model, trained on
+four folds and scored by Hamming accuracy on the fifth; the curve goes into the row). ``--max-labels`` keeps a
+dataset's most frequent labels (default: medical=10, the paper's Medical). Writes <out>.md / .csv with the paper's
+rows beside ours, the learned trees, and Table 2 (train and test time relative to Full, for the datasets where Full
+ran in the same call; "test s" is the prediction of the whole test file by each trained learner,
+``learner(x_test)`` (energy plus inference, without the test loop's data loading and metrics), all of a dataset's
+models loaded from their checkpoints and timed side by side at the end: one thread, interleaved, best of 7).
+``--update`` keeps the committed rows of the (dataset, model) pairs not rerun. ``--fused`` trains with
+``fused=true`` (the fused C++ CPU kernels: the same results up to rounding).
 """
 
 from __future__ import annotations
@@ -90,17 +90,18 @@ def l2_by_cv(dataset: list[str], out: Path) -> float:
     return float(m["cv"]["chosen_l2"])
 
 
-def l2_by_model_cv(model: str, dataset: list[str], out: Path, folds: int = 5) -> tuple[float, str]:
-    """The model's own l2 by ``folds``-fold CV on the training file (one run per l2 of ``L2_GRID`` and fold,
+def l2_by_model_cv(model: str, dataset: list[str], out: Path, grid: list[float], folds: int = 5
+                   ) -> tuple[float, str]:
+    """The model's own l2 by ``folds``-fold CV on the training file (one run per l2 of ``grid`` and fold,
     Hamming accuracy on the held-out fold; the first best on ties): (l2, its CV curve "l2:acc ...")."""
     cv = []
-    for lam in L2_GRID:
+    for lam in grid:
         accs = [run_cli([*cell(model, dataset, lam), f"data.num_folds={folds}", f"data.fold={k}",
                          "data.fold_pool=train", "trainer.enable_checkpointing=false"],
                         out / f"{lam}-{k}")["test/hamming_acc"] for k in range(folds)]
         cv.append(100 * sum(accs) / folds)
     best = max(range(len(cv)), key=lambda i: (cv[i], -i))
-    return L2_GRID[best], " ".join(f"{lam:g}:{acc:.2f}" for lam, acc in zip(L2_GRID, cv))
+    return grid[best], " ".join(f"{lam:g}:{acc:.2f}" for lam, acc in zip(grid, cv))
 
 
 def time_predictions(runs: dict[str, Path], data: str, max_labels: int | None, repeats: int = 7
@@ -154,6 +155,7 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--l2", nargs="*", default=[],
                     help="dataset=value (or dataset=cv, dataset=cv-model) overrides of the l2")
+    ap.add_argument("--grid", nargs="+", type=float, default=L2_GRID, help="the l2 grid of cv-model")
     ap.add_argument("--max-labels", nargs="*", default=[], help="dataset=L: keep its L most frequent labels")
     ap.add_argument("--out", default=str(ROOT / "experiments/results/crank_table1"))
     ap.add_argument("--update", action="store_true", help="keep the rows of <out>.csv that are not rerun")
@@ -177,7 +179,7 @@ def main() -> None:
             for model in args.models:
                 runs[model] = Path(tmp) / model
                 if l2[data] == "cv-model":
-                    lam, curve = l2_by_model_cv(model, dataset, Path(tmp) / f"cv-{model}")
+                    lam, curve = l2_by_model_cv(model, dataset, Path(tmp) / f"cv-{model}", args.grid)
                 else:
                     lam, curve = float(l2[data]), ""
                 metrics = run_cli(cell(model, dataset, lam), runs[model])
