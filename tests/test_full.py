@@ -51,7 +51,7 @@ def test_full_lp_map_prediction_path() -> None:
     model = Full(4, 5, test_inference="lp_map")
     with torch.no_grad():
         model.energy.unary.weight.normal_()
-        model.energy.edge_weight.normal_(0, 0.25)  # spin couplings: 4 w_ij y_i y_j in the indicator form
+        model.energy.edge_weight.normal_(0, 0.25)  # a spin w_ij is 4 w_ij y_i y_j: sd 1 in the indicator form
     x = torch.randn(6, 4)
     y_lp = model(x)
     pot = model.energy(x)
