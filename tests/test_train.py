@@ -26,7 +26,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from structtorch.config import ModelConfig, TrainerConfig
 from structtorch.graph import Graph
-from structtorch.learners import LEARNERS, FixedTree, Independent, StructuredLearner
+from structtorch.learners import LEARNERS, M3N, FixedTree, Independent, StructuredLearner
 from structtorch.structure.edge_scores import chow_liu_tree
 from structtorch.train import build_datamodule, build_learner, run, world_size  # registers the schemas
 
@@ -132,7 +132,7 @@ def test_every_model_config_builds_a_learner(model):
         assert learner.hparams[key] == cfg.model[key]
 
 
-@pytest.mark.parametrize("model", ["independent", "fixed_tree", "greedy", "mst", "full", "crank", "project"])
+@pytest.mark.parametrize("model", [name for name, cls in LEARNERS.items() if issubclass(cls, M3N)])
 def test_m3n_learners_default_to_spin_couplings(model):
     """model.spin is true by default for every Finley-Joachims learner and reaches its energy;
     model.spin=false gives the paper's w_ij y_i y_j."""
