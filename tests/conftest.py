@@ -45,6 +45,21 @@ def offline_mulan_cache(tmp_path_factory):
         os.environ["STRUCTTORCH_DATA"] = old
 
 
+def cached_mulan(name: str, split: str = "train") -> tuple[torch.Tensor, torch.Tensor, list[str], list[str]]:
+    """``load_mulan(name, split)`` from the package's data cache (``$STRUCTTORCH_DATA``, filled from ../shared by
+    ``offline_mulan_cache`` where that copy exists); skips the test, saying where it looked, when the cache lacks
+    a file of the dataset (tests never download)."""
+    from structtorch.data import load_mulan, mulan_cache_dir
+    from structtorch.data.download import mulan_files
+
+    directory = mulan_cache_dir() / "mulan" / name
+    missing = [f.file for f in mulan_files(name).values() if not (directory / f.file).is_file()]
+    if missing:
+        pytest.skip(f"Mulan {name!r} is not in the data cache {directory} (missing {', '.join(missing)}); "
+                    f"set STRUCTTORCH_DATA to a filled cache, or put ../shared/data/mulan beside the checkout")
+    return load_mulan(name, split)
+
+
 # ---------------------------------------------------------------------- graphs
 @st.composite
 def tree_edges(draw, n: int) -> list[tuple[int, int]]:

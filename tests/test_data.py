@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import cached_mulan
 
 from structtorch import Graph
 from structtorch.data import (
@@ -27,8 +28,6 @@ from structtorch.data import (
     train_val_indices,
 )
 from structtorch.inference import brute_force_map
-
-MULAN_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "mulan"  # ../shared beside the repo
 
 HEADER = """% a tiny multi-label data set
 @relation tiny
@@ -254,10 +253,9 @@ def test_load_mulan_without_test_file_splits_with_seed(tmp_path: Path) -> None:
     np.testing.assert_array_equal(a.y_test.numpy(), y[ids_te])
 
 
-@pytest.mark.skipif(not (MULAN_ROOT / "emotions").is_dir(), reason="Mulan emotions data not present")
 def test_real_emotions_counts() -> None:
-    x, y, feats, labels = load_mulan("emotions", "train", root=MULAN_ROOT)
-    xt, yt, _, _ = load_mulan("emotions", "test", root=MULAN_ROOT)
+    x, y, feats, labels = cached_mulan("emotions", "train")
+    xt, yt, _, _ = cached_mulan("emotions", "test")
     assert x.shape == (391, 72) and y.shape == (391, 6)
     assert xt.shape == (202, 72) and yt.shape == (202, 6)
     assert len(feats) == 72 and labels[0] == "amazed-suprised"

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import cached_mulan
 from scipy.optimize import minimize
 from sklearn.svm import SVC
 
-from structtorch.data import Standardizer, arff_to_multilabel, load_arff, read_mulan_labels
+from structtorch.data import Standardizer
 from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy
 from structtorch.graph import Graph
 from structtorch.inference import lp_map, smoothed_lp
@@ -17,14 +18,12 @@ from structtorch.losses import crf_nll, hamming_augment
 from structtorch.potentials import Potentials
 from structtorch.solvers import BCFW, BatchedLBFGS, LPSmoothedMax, SmoothedLBFGS, smoothed_oracle
 
-MULAN = "/work/shared/data/mulan"
-
 
 def mulan_subset(name: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """First n training rows, standardised, float64 x [n, D] and y [n, L]."""
-    root = f"{MULAN}/{name}"
-    x, y, _, _ = arff_to_multilabel(load_arff(f"{root}/{name}-train.arff"), read_mulan_labels(f"{root}/{name}.xml"))
-    x, y = torch.from_numpy(x[:n].copy()), torch.from_numpy(y[:n].copy())
+    """First n training rows (from the data cache; skipped without it), standardised, float64 x [n, D] and
+    y [n, L]."""
+    x, y, _, _ = cached_mulan(name, "train")
+    x, y = x[:n], y[:n]
     return Standardizer.fit(x).transform(x).double(), y
 
 

@@ -24,7 +24,8 @@ from ..graph import Graph
 from ..inference import tree_map
 from ..potentials import Potentials
 
-__all__ = ["CrankSynthetic", "crank_potentials", "crank_synthetic", "pruefer_decode", "random_tree"]
+__all__ = ["CrankSynthetic", "crank_potentials", "crank_synthetic", "pruefer_decode", "random_tree",
+           "sparse_multilabel"]
 
 
 @dataclass(frozen=True)
@@ -158,3 +159,34 @@ def _complete_index(edges: torch.Tensor, n: int) -> torch.Tensor:
 def _complete_order(tree: Graph) -> torch.Tensor:
     """Permutation of the tree's edges into increasing complete-graph position."""
     return _complete_index(tree.edges, tree.num_nodes).argsort()
+
+
+def sparse_multilabel(num_examples: int, num_features: int = 1449, num_labels: int = 45, keywords: int = 8,
+                      background: int = 10, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Text-like multi-label data shaped like Mulan's medical or enron: sparse binary features, Zipf-distributed
+    labels (a few frequent, many with 0-3 positives), about 1.25 labels per example.
+
+    Each example takes 1 + Poisson(0.25) labels drawn with probability ~ 1 / rank^1.3; each of its labels turns on
+    3 of that label's ``keywords`` features, and ``background`` features are drawn with probability
+    ~ 1 / rank^0.8. Returns x [N, D] float32 in {0, 1} and y [N, n] int64.
+    """
+    for arg, v, lo in (("num_examples", num_examples, 1), ("num_features", num_features, 1),
+                       ("num_labels", num_labels, 1), ("keywords", keywords, 3), ("background", background, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{arg} must be an int >= {lo}, got {v!r}")
+    gen = torch.Generator().manual_seed(seed)
+    N, D, n = num_examples, num_features, num_labels
+    label_p = torch.arange(1, n + 1, dtype=torch.float64) ** -1.3
+    feature_p = torch.arange(1, D + 1, dtype=torch.float64) ** -0.8
+    words = torch.randint(0, D, (n, keywords), generator=gen)
+    count = 1 + torch.poisson(torch.full((N,), 0.25, dtype=torch.float64), generator=gen).long().clamp_max(n - 1)
+    drawn = torch.multinomial(label_p.expand(N, n), n, generator=gen)  # labels in draw order, without repeats
+    y = torch.zeros(N, n, dtype=torch.long).scatter_(1, drawn, (torch.arange(n) < count[:, None]).long())
+    pick = torch.rand(N, n, keywords, generator=gen).argsort(-1)[..., :3]  # 3 keywords per label
+    hits = words.expand(N, n, keywords).gather(-1, pick)[y.bool()]  # [labels in total, 3]
+    rows = torch.arange(N).repeat_interleave(y.sum(1))[:, None].expand(-1, 3)
+    x = torch.zeros(N, D)
+    x[rows.reshape(-1), hits.reshape(-1)] = 1.0
+    if background:
+        x.scatter_(1, torch.multinomial(feature_p.expand(N, D), background, generator=gen), 1.0)
+    return x, y

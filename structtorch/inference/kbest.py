@@ -29,6 +29,7 @@ regions cost milliseconds on a busy machine with more than one torch thread).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -36,7 +37,7 @@ import torch
 from ..graph import Graph, Step, _contraction_steps, _root_forest
 from ..potentials import Potentials
 
-__all__ = ["tree_kbest", "ensemble_map", "ensemble_union"]
+__all__ = ["EnsembleSearch", "tree_kbest", "ensemble_map", "ensemble_search", "ensemble_union"]
 
 _NEG = float("-inf")
 
@@ -308,6 +309,18 @@ def tree_kbest(pot: Potentials, k: int, exclude: torch.Tensor | None = None) -> 
     return scores.reshape(*batch, k), ys.reshape(*batch, k, n)
 
 
+class EnsembleSearch(NamedTuple):
+    """``ensemble_search``'s answer, batch [*B]: the best candidate y [*B, n] and its mean tree score, an upper
+    bound on the max of the mean tree score (Lemma 7: max(score, mean over trees of each tree's k-th best);
+    equal to score where certified), Lemma 7's certificate (bool) and the K used (long)."""
+
+    y: torch.Tensor
+    score: torch.Tensor
+    upper: torch.Tensor
+    certified: torch.Tensor
+    k_used: torch.Tensor
+
+
 def ensemble_map(pot: Potentials, k: int, k_max: int | None = None, exclude: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """MAP of the mean score of T trees on the same labels, by K-best lists (RTA, Sec. 4.1).
@@ -319,8 +332,18 @@ def ensemble_map(pot: Potentials, k: int, k_max: int | None = None, exclude: tor
     With ``k_max``, k doubles for the uncertified examples only, until certified or k_max.
     ``exclude`` [*B, n] leaves one assignment out (the worst-violator search of training).
 
-    Returns (y [*B, n], score [*B], certified bool [*B], k used LongTensor [*B]).
+    Returns (y [*B, n], score [*B], certified bool [*B], k used LongTensor [*B]); ``ensemble_search``
+    also returns an upper bound on the max.
     """
+    y, score, _, certified, k_used = ensemble_search(pot, k, k_max, exclude)
+    return y, score, certified, k_used
+
+
+def ensemble_search(pot: Potentials, k: int, k_max: int | None = None, exclude: torch.Tensor | None = None
+                    ) -> EnsembleSearch:
+    """``ensemble_map`` with the upper bound of Lemma 7's argument: an assignment in no tree's k-best list scores
+    at most the mean of the trees' k-th best scores on every tree, so max(best candidate, that mean) bounds
+    the max of the mean tree score from above whether or not the search is certified."""
     if not isinstance(pot, Potentials) or not pot.graph.is_ensemble:
         raise ValueError("ensemble_map needs Potentials on an ensemble graph (edges [T, n-1, 2])")
     pot.graph.require_spanning_trees("ensemble_map")
@@ -336,21 +359,22 @@ def ensemble_map(pot: Potentials, k: int, k_max: int | None = None, exclude: tor
     p = p.reshape(B, *p.shape[-4:])
     ex = None if exclude is None else _exclude_rows(pot, exclude)
     y = torch.zeros(B, n, dtype=torch.long, device=u.device)
-    score = u.new_full((B,), _NEG)
-    certified = torch.zeros(B, dtype=torch.bool, device=u.device)
+    score, bound = u.new_full((B,), _NEG), u.new_full((B,), _NEG)
     k_used = torch.zeros(B, dtype=torch.long, device=u.device)
     todo = torch.arange(B, device=u.device)
     while True:
         sub = Potentials(u.index_select(0, todo), p.index_select(0, todo), pot.graph)
         found = _ensemble_candidates(sub, k, None if ex is None else ex.index_select(0, todo))
-        for out, value in zip((y, score, certified), found):
+        for out, value in zip((y, score, bound), found):
             out.index_copy_(0, todo, value)
         k_used.index_fill_(0, todo, k)
-        todo = todo[~certified.index_select(0, todo)]
+        todo = todo[(score < bound).index_select(0, todo)]
         if len(todo) == 0 or k >= k_max:
             break
         k = min(2 * k, k_max)
-    return y.reshape(*batch, n), score.reshape(batch), certified.reshape(batch), k_used.reshape(batch)
+    certified = score >= bound
+    return EnsembleSearch(y.reshape(*batch, n), score.reshape(batch), torch.maximum(score, bound).reshape(batch),
+                          certified.reshape(batch), k_used.reshape(batch))
 
 
 @dataclass(frozen=True)
@@ -390,7 +414,9 @@ def ensemble_union(pot: Potentials) -> Potentials:
 
 def _ensemble_candidates(pot: Potentials, k: int, exclude: torch.Tensor | None
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Best of the union of the trees' k-best lists, its mean score and Lemma 7's certificate; batch [B].
+    """Best of the union of the trees' k-best lists, its mean score and Lemma 7's bound (the mean over trees of
+    their k-th best, -inf where a tree has fewer than k assignments: then every assignment is a candidate);
+    batch [B]. The best is the maximiser when its score >= the bound.
 
     Candidates are ranked by ``_rank_scores`` (the union graph as one dense quadratic form: O(B T k n K)
     memory); the winner and each tree's k-th best are then scored tree by tree with the same arithmetic,
@@ -410,7 +436,7 @@ def _ensemble_candidates(pot: Potentials, k: int, exclude: torch.Tensor | None
         other = exclude.clone()
         other[:, 0] = (other[:, 0] + 1) % pot.num_states
         y = torch.where(((y == exclude).all(-1) & torch.isneginf(best))[:, None], other, y)
-    return y, best, best >= bound
+    return y, best, bound
 
 
 def _rank_scores(union: Potentials, cand: torch.Tensor) -> torch.Tensor:

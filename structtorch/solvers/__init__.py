@@ -1,11 +1,12 @@
 """Convex solvers: BCFW and smoothed L-BFGS (certified) for structured SVMs, L-BFGS for smooth objectives,
 FISTA for l1-regularised ones."""
 
-from .bcfw import BCFW, EnsembleOracle, GapInfo, Oracle, StepInfo, one_hot_marginals, smoothed_oracle, tree_oracle
+from .bcfw import BCFW, EnsembleOracle, Oracle, StepInfo, one_hot_marginals, smoothed_oracle, tree_oracle
+from .certificate import CertificateError, GapInfo, certificate
 from .lbfgs import BatchedLBFGS
 from .proximal import BatchedFISTA
 from .smoothing import ForestSmoothedMax, LPSmoothedMax, SmoothedLBFGS, SmoothedMax, tree_smoothed_max
 
-__all__ = ["BCFW", "BatchedFISTA", "BatchedLBFGS", "EnsembleOracle", "ForestSmoothedMax", "GapInfo", "LPSmoothedMax",
-           "Oracle", "SmoothedLBFGS", "SmoothedMax", "StepInfo", "one_hot_marginals", "smoothed_oracle",
-           "tree_oracle", "tree_smoothed_max"]
+__all__ = ["BCFW", "BatchedFISTA", "BatchedLBFGS", "CertificateError", "EnsembleOracle", "ForestSmoothedMax",
+           "GapInfo", "LPSmoothedMax", "Oracle", "SmoothedLBFGS", "SmoothedMax", "StepInfo", "certificate",
+           "one_hot_marginals", "smoothed_oracle", "tree_oracle", "tree_smoothed_max"]

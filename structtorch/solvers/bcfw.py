@@ -65,13 +65,16 @@ from scipy.sparse.csgraph import connected_components
 
 from ..energies import Energy
 from ..graph import Graph
-from ..inference import ensemble_map, smoothed_lp, tree_kbest, tree_map
+from ..inference import smoothed_lp, tree_kbest, tree_map
+from ..inference.kbest import ensemble_search
 from ..potentials import Potentials
+from .certificate import GapInfo, certificate
 
 __all__ = ["BCFW", "GapInfo", "Oracle", "StepInfo", "one_hot_marginals", "smoothed_oracle", "tree_oracle"]
 
-#: loss-augmented Potentials [*B] -> (max value [*B], maximiser marginals unary [*B, n, K], pairwise [*B, E, K, K]);
-#: margin="zero_one" also passes ``exclude=y`` [*B, n] (then: the best assignment other than y)
+#: loss-augmented Potentials [*B] -> (value [*B], maximiser marginals unary [*B, n, K], pairwise [*B, E, K, K]);
+#: the value is the max or an upper bound on it (the certificate's primal); margin="zero_one" also passes
+#: ``exclude=y`` [*B, n] (then: the best assignment other than y)
 Oracle = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
@@ -111,11 +114,12 @@ def smoothed_oracle(eps: float, iters: int, tol: float | None = None) -> Oracle:
 
 
 class EnsembleOracle:
-    """``ensemble_map`` as an oracle (RTA): the max of the mean tree score of an ensemble by K-best lists,
-    k doubling up to ``k_max`` where Lemma 7 does not certify it; ``exclude`` gives the worst violator.
+    """``ensemble_search`` as an oracle (RTA): the best candidate of the K-best lists of an ensemble's trees,
+    k doubling up to ``k_max`` where Lemma 7 does not certify it; ``exclude`` gives the worst violator. Its
+    value is Lemma 7's upper bound on the max (the candidate's score where certified), so the primal and the
+    gap stay upper bounds whatever the search found; uncertified searches make the gap looser, never wrong.
 
-    Counts, since the last ``reset``, the searches, the certified ones and the K they used (``stats``):
-    a gap computed while every search was certified is a certificate.
+    Counts, since the last ``reset``, the searches, the certified ones and the K they used (``stats``).
     """
 
     def __init__(self, k: int, k_max: int | None = None) -> None:
@@ -133,11 +137,11 @@ class EnsembleOracle:
     def __call__(self, pot: Potentials, exclude: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         with torch.no_grad():
-            y, value, certified, k_used = ensemble_map(pot, self.k, self.k_max, exclude)
-        self.searches += certified.numel()
-        self.certified += int(certified.sum())
-        self.k_total += int(k_used.sum())
-        return (value, *one_hot_marginals(y, pot.graph, pot.num_states, pot.dtype))
+            found = ensemble_search(pot, self.k, self.k_max, exclude)
+        self.searches += found.certified.numel()
+        self.certified += int(found.certified.sum())
+        self.k_total += int(found.k_used.sum())
+        return (found.upper, *one_hot_marginals(found.y, pot.graph, pot.num_states, pot.dtype))
 
 
 @dataclass
@@ -154,21 +158,6 @@ class StepInfo:
     loss: torch.Tensor
     step: torch.Tensor
     dual: torch.Tensor
-
-
-@dataclass
-class GapInfo:
-    """Exact duality gap of the current iterate, per model [M].
-
-    primal P(w), dual D(mu), gap = P - D >= P(w) - P*, relative_gap = gap / max(P, tiny),
-    converged = relative_gap <= tol.
-    """
-
-    primal: torch.Tensor
-    dual: torch.Tensor
-    gap: torch.Tensor
-    relative_gap: torch.Tensor
-    converged: torch.Tensor
 
 
 class BCFW:
@@ -245,7 +234,7 @@ class BCFW:
             for p in self.params:
                 p.zero_()
         self.active = torch.ones(M, dtype=torch.bool, device=ref.device)
-        self.lin = torch.zeros(M, dtype=ref.dtype, device=ref.device)  # (1/N) sum_i l_i
+        self.lin = torch.zeros(M, dtype=torch.float64, device=ref.device)  # (1/N) sum_i l_i
         self.nu_unary: torch.Tensor | None = None  # allocated at the first batch (K known then)
         self.nu_pair: torch.Tensor | None = None
         self.ell: torch.Tensor | None = None
@@ -292,6 +281,8 @@ class BCFW:
                              f"got {tuple(state['active'].shape)}")
         for k in self._state_keys():
             v = state[k]
+            if k in ("lin", "iterate_lin"):
+                v = v.double()
             setattr(self, k, v.clone() if k in ("active", "lin", "iterate_lin", "avg_steps") else v)
         with torch.no_grad():
             for j, t in enumerate(self.iterate):
@@ -371,7 +362,7 @@ class BCFW:
         with torch.no_grad():
             grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self.params, grads)]
             G = (gamma * gaps).sum((1, 2))
-            curv = self.lam * self._per_model([g * bs ** 0.5 for g, bs in zip(grads, self._bias_scale)], squared=True)
+            curv = self.lam * self._sq_norm([g * bs ** 0.5 for g, bs in zip(grads, self._bias_scale)])
             tiny = torch.finfo(curv.dtype).tiny
             tmax = 1.0 / gamma.flatten(1).amax(1).clamp_min(tiny)  # keeps every t * gamma_b <= 1
             t = torch.where(curv > 0, torch.minimum(G / curv.clamp_min(tiny), tmax), tmax)
@@ -420,6 +411,7 @@ class BCFW:
         if self.margin == "hamming":
             delta = self.margin_scale * (1.0 - m_u)
             value, mh_u, mh_p = self.oracle(self._potentials(U + delta, P))
+            value = torch.maximum(value, score)  # y_i itself is an assignment (Delta = 0): the max is >= its score
             loss = self._per_component((delta * mh_u).sum(-1), P.new_zeros(()).expand(*score.shape, P.shape[-3]))
         else:  # max(score(y_i), margin + max_{y != y_i} score(y)): the worst violator, or y_i itself
             value, mh_u, mh_p = self.oracle(self._potentials(U, P), exclude=y)
@@ -446,13 +438,13 @@ class BCFW:
 
     # ------------------------------------------------------------------ certificates
     def dual(self) -> torch.Tensor:
-        """D(mu) [M] at the current parameters (= w(mu) up to rounding)."""
-        return self.lin - 0.5 * self.lam * self.sq_norm()
+        """D(mu) [M] at the current parameters (= w(mu) up to rounding), float64."""
+        return self.lin - 0.5 * self.lam.double() * self.sq_norm()
 
     def sq_norm(self) -> torch.Tensor:
-        """|w|_R^2 [M] of the current parameters (biases weighted by bias_reg)."""
+        """|w|_R^2 [M] of the current parameters (biases weighted by bias_reg), summed in float64."""
         with torch.no_grad():
-            return self._per_model([p / bs ** 0.5 for p, bs in zip(self.params, self._bias_scale)], squared=True)
+            return self._sq_norm([p / bs ** 0.5 for p, bs in zip(self.params, self._bias_scale)], torch.float64)
 
     def gap_estimate(self) -> torch.Tensor:
         """Relative duality gap estimated from this epoch's block gaps [M] (exact only at a fixed w)."""
@@ -485,8 +477,9 @@ class BCFW:
         inactive (stop moving).
         """
         num_states = 2 if self.averaging else 1  # the point's dual state, then the iterate's
-        hinge = torch.zeros_like(self.lam)
-        lins = [torch.zeros_like(self.lam) for _ in range(num_states)]
+        f64 = torch.float64  # sums over examples and coordinates in float64: rounding must not fake a certificate
+        hinge = torch.zeros_like(self.lam, dtype=f64)
+        lins = [torch.zeros_like(self.lam, dtype=f64) for _ in range(num_states)]
         accs = [[torch.zeros_like(p) for p in self.params] for _ in range(num_states)]
         seen = torch.zeros(self.num_examples, dtype=torch.bool, device=self.lam.device)
         for batch in batches:
@@ -496,9 +489,9 @@ class BCFW:
             U, P = lift_models(pot, self.num_models)
             self._ensure_state(U.shape[-1])
             states = [self.point_state(), (self.nu_unary, self.nu_pair, self.ell)][:num_states]
-            w = self.mask[:, index] / self.count[:, None]
+            w = (self.mask[:, index] / self.count[:, None]).to(f64)
             with torch.no_grad():
-                hinge += (self._terms(U.detach(), P.detach(), y, index, *states[0])[3] * w).sum(1)
+                hinge += (self._terms(U.detach(), P.detach(), y, index, *states[0])[3].to(f64) * w).sum(1)
                 seen[index] = True
             for j, (state_u, state_p, state_ell) in enumerate(states):
                 nu_u, nu_p = state_u[index].movedim(1, 0), state_p[index].movedim(1, 0)
@@ -509,21 +502,19 @@ class BCFW:
                     for a, g in zip(accs[j], grads):
                         if g is not None:
                             a += g
-                    lins[j] += (state_ell[index].sum(-1).T * w).sum(1)
+                    lins[j] += (state_ell[index].sum(-1).T.to(f64) * w).sum(1)
         if not bool(seen.all()):
             raise ValueError(f"duality_gap needs batches covering all {self.num_examples} examples, "
                              f"got {int(seen.sum())}")
         with torch.no_grad():
-            duals = [lin - 0.5 * self.lam * self._per_model([a * bs ** 0.5 for a, bs in zip(acc, self._bias_scale)],
-                                                            squared=True) for lin, acc in zip(lins, accs)]
-            primal = 0.5 * self.lam * self.sq_norm() + hinge
-            dual = torch.stack(duals).amax(0)
+            lam = self.lam.to(f64)
+            duals = [lin - 0.5 * lam * self._sq_norm([a * bs ** 0.5 for a, bs in zip(acc, self._bias_scale)], f64)
+                     for lin, acc in zip(lins, accs)]
+            info = certificate(0.5 * lam * self.sq_norm() + hinge, torch.stack(duals).amax(0), self.tol,
+                               "bcfw", self.lam.dtype)
             self.lin = lins[0]
-            gap = primal - dual
-            rel = gap / primal.clamp_min(torch.finfo(primal.dtype).tiny)
-            converged = rel <= self.tol
-            self.active &= ~converged
-        return GapInfo(primal=primal, dual=dual, gap=gap, relative_gap=rel, converged=converged)
+            self.active &= ~info.converged.to(self.active.device)
+        return info
 
     def fit(self, x: torch.Tensor, y: torch.Tensor, max_epochs: int = 1000, batch_size: int = 64,
             generator: torch.Generator | None = None) -> GapInfo:
@@ -568,10 +559,12 @@ class BCFW:
         out.index_add_(-1, self.node_comp, nodes)
         return out.index_add_(-1, self.edge_comp, edges)
 
-    def _per_model(self, tensors: list[torch.Tensor], squared: bool) -> torch.Tensor:
-        """sum over each model's coordinates of t^2, for tensors with (or without) a leading [M] dim -> [M]."""
-        out = torch.zeros_like(self.lam)
+    def _sq_norm(self, tensors: list[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
+        """sum over each model's coordinates of t^2 [M], for tensors with (or without) a leading [M] dim, summed
+        in ``dtype`` (default: lambda's)."""
+        out = torch.zeros_like(self.lam, dtype=dtype)
         for t in tensors:
+            t = t.to(out.dtype)
             if self.num_models is None:
                 out += t.pow(2).sum()
             else:

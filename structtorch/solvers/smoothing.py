@@ -38,7 +38,8 @@ from ..inference import smoothed_lp, tree_logz, tree_map
 from ..potentials import Potentials
 from ..structure.circuit_rank import circuit_rank
 from ..structure.spanning import max_spanning_tree
-from .bcfw import GapInfo, _check_lam, _check_mask, lift_models, one_hot_marginals
+from .bcfw import _check_lam, _check_mask, lift_models, one_hot_marginals
+from .certificate import GapInfo, certificate
 from .lbfgs import BatchedLBFGS
 
 __all__ = ["ForestSmoothedMax", "LPSmoothedMax", "SmoothedLBFGS", "SmoothedMax", "tree_smoothed_max"]
@@ -294,13 +295,11 @@ class SmoothedLBFGS:
                 data, dual_lin = top - score, (self.delta * mu_u).sum((-1, -2))
             primal = self.regularizer() + self._mean(data)
             dual = self._mean(dual_lin) - 0.5 * self.lam * w_mu
-            gap = primal - dual
-            rel = gap / primal.abs().clamp_min(torch.finfo(primal.dtype).tiny)
-            converged = rel <= self.tol
-            self.last = GapInfo(primal=primal, dual=dual, gap=gap, relative_gap=rel, converged=converged)
-            if not self.fixed_eps and not bool(converged.all()):
+            self.last = certificate(primal, dual, self.tol, "lbfgs", primal.dtype)
+            open_ = ~self.last.converged
+            if not self.fixed_eps and bool(open_.any()):
                 entropy = value - (aug.unary * mu_u).sum((-1, -2)) - (Pd * mu_p).sum((-1, -2, -3))  # eps H(mu_i)
-                self._lower_eps(gap, primal, self._mean(entropy), ~converged)
+                self._lower_eps(primal - dual, primal, self._mean(entropy), open_)
         return self.last
 
     def _lower_eps(self, gap: torch.Tensor, primal: torch.Tensor, smoothing: torch.Tensor, open_: torch.Tensor
