@@ -47,14 +47,14 @@ def main() -> None:
         steps = iter(range(10**6))
 
         def iteration() -> None:
-            model.learning_iteration(x, y, index, torch.Generator().manual_seed(next(steps)))
+            model.strategy.learning_iteration(x, y, index, torch.Generator().manual_seed(next(steps)))
 
         wall = timeit(iteration, device, args.repeats)
         cpu = time.process_time()
         iteration()
         cpu = time.process_time() - cpu
         messages = model.example_state.get("messages", index).to(device)
-        passes = 2 * timeit(lambda: model.pass_messages(x, y, messages), device, args.repeats)
+        passes = 2 * timeit(lambda: model.strategy.pass_messages(x, y, messages), device, args.repeats)
         rows.append({"classes": pair, "images": f"{len(y)} x {args.size}x{args.size}", "wall_s": round(wall, 3),
                      "cpu_s": round(cpu, 3), "message_passes_s": round(passes, 3)})
         print(rows[-1], flush=True)

@@ -128,10 +128,11 @@ class LogisticConfig(ModelConfig):
     """LogisticEnergy (Domke 2013): grid energies by message-biased logistic regression (``data=denoising``).
 
     unary / pairwise: zero | const | linear | boost (xgboost; one tree per state per fit) | mlp;
-    method: logistic (Algorithm 1) | hinge (end to end, solver adam / adamw / sgd). l2 is not used (the paper's
-    objective has no regulariser).
+    method: logistic (Algorithm 1) | hinge (end to end, solver adam / adamw / sgd). l2: 0 (the paper's objective has
+    no regulariser); method=hinge may set it.
     """
 
+    l2: Any = 0.0
     test_inference: str = "smoothed_lp"
     unary: str = "linear"
     pairwise: str = "linear"

@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 import torch
 
-from .inference import tree_logz, tree_map
+from .inference import smoothed_lp, tree_logz, tree_map
 from .potentials import Potentials
 
-__all__ = ["hamming_augment", "structured_hinge", "zero_one_hinge", "total_score", "crf_nll", "map_value",
-           "check_loss_finite"]
+__all__ = ["hamming_augment", "structured_hinge", "smoothed_lp_hinge", "zero_one_hinge", "total_score", "crf_nll",
+           "map_value", "check_loss_finite"]
 
 MaxFn = Callable[[Potentials], torch.Tensor]
 #: (Potentials [*B], y [*B, n]) -> the best assignment other than y [*B, n] (the worst violator)
@@ -56,6 +56,16 @@ def structured_hinge(pot: Potentials, y: torch.Tensor, max_fn: MaxFn = map_value
     """
     loss = max_fn(hamming_augment(pot, y, scale)) - pot.score(y)
     return check_loss_finite(loss, pot, y, "structured_hinge")
+
+
+def smoothed_lp_hinge(pot: Potentials, y: torch.Tensor, eps: float, iters: int, messages: torch.Tensor | None = None,
+                      tol: float | None = None, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The entropy-smoothed LP hinge [*B] (Domke's eq. 6, CRANK's Full): ``smoothed_lp``'s value on the
+    Hamming-augmented potentials (an upper bound on the LP-relaxed loss-augmented max) minus score(y), after
+    ``iters`` sweeps from ``messages`` [*B, E, 2, K] (None: zeros); and the messages it ended at (the next call's
+    warm start). Differentiable by Danskin: the gradient is the smoothed pseudo-marginals minus m(y)."""
+    res = smoothed_lp(hamming_augment(pot, y, scale), eps, iters, messages=messages, tol=tol)
+    return check_loss_finite(res.value - pot.score(y), pot, y, "smoothed_lp_hinge"), res.messages
 
 
 def total_score(pot: Potentials, y: torch.Tensor) -> torch.Tensor:

@@ -251,8 +251,13 @@ def format_metrics(metrics: dict[str, Any]) -> str:
     rows += [f"{k:<22} {v:8.2f} s" for k, v in sorted(metrics.items()) if k.endswith("_seconds")]
     solver = metrics.get("solver", {})
     if "relative_gap" in solver:
+        done = all(solver["converged"]) if isinstance(solver["converged"], list) else solver["converged"]
         rows.append(f"{'duality gap':<22} {_worst(solver['relative_gap']):8.1e}   ({solver['solver']}, tol "
-                    f"{solver['tol']:g}, {solver['epochs']} epochs)")
+                    f"{solver['tol']:g}, {solver['epochs']} epochs): "
+                    + ("certified" if done else "NOT certified (raise trainer.max_epochs to reach model.tol)"))
+    elif "converged" in solver:
+        rows.append(f"{'stopping rule':<22} {'met' if solver['converged'] else 'NOT met (stopped at max_epochs)'}"
+                    f"   ({solver['solver']}, {solver['epochs']} epochs)")
     return "\n".join([f"== {metrics.get('model')} on {metrics.get('data')} ==", *rows])
 
 

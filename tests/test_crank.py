@@ -93,8 +93,8 @@ def checkpointed(max_epochs: int, folder) -> L.Trainer:
 def crank(small, tmp_path_factory) -> tuple[CRANK, L.Trainer, list[dict]]:
     steps = []
     model = CRANK(small.num_features, small.num_labels, **CRANK_KWARGS)
-    original = model.cccp_step
-    model.cccp_step = lambda: steps.append({**original(), "all": model.last_objective.clone()}) or steps[-1]
+    original = model.strategy.iteration
+    model.strategy.iteration = lambda: steps.append({**original(), "all": model.last_objective.clone()}) or steps[-1]
     trainer = checkpointed(60, tmp_path_factory.mktemp("crank"))
     trainer.fit(model, datamodule=small)
     return model, trainer, steps
@@ -117,7 +117,7 @@ def assert_loads_as_trained(model: CRANK, ckpt: str, x: torch.Tensor) -> None:
 
 def test_crank_ends_on_a_forest_and_predicts_exactly(crank, small):
     model, trainer, steps = crank
-    assert model.done and trainer.current_epoch < 60
+    assert model.strategy.done and trainer.current_epoch < 60
     assert model.graph.is_forest and model.structure_mask.numel() == 15
     assert int(circuit_rank(model.structure_mask, model.restart_energy.graph)) == 0
     assert steps[-1]["train/circuit_rank"] == 0 and steps[0]["train/circuit_rank"] > 0  # started loopy
@@ -141,12 +141,12 @@ def test_crank_stopped_when_its_support_became_a_forest_resumes(crank, small, tm
     model = CRANK(small.num_features, small.num_labels, **CRANK_KWARGS)
     stopped = checkpointed(first, tmp_path / "a")
     stopped.fit(model, datamodule=small)
-    assert not model.done and model.outer_iterations == first
+    assert not model.strategy.done and model.strategy.outer_iterations == first
     assert_loads_as_trained(model, stopped.checkpoint_callback.last_model_path, small.test_tensors[0])
     again = CRANK(small.num_features, small.num_labels, **CRANK_KWARGS)
     resumed = checkpointed(60, tmp_path / "b")
     resumed.fit(again, datamodule=small, ckpt_path=stopped.checkpoint_callback.last_model_path)
-    assert again.done and again.outer_iterations > first
+    assert again.strategy.done and again.strategy.outer_iterations > first
     assert_loads_as_trained(again, resumed.checkpoint_callback.last_model_path, small.test_tensors[0])
 
 
@@ -198,17 +198,17 @@ def test_crank_resumes_from_a_checkpoint(small, tmp_path):
 
     first = CRANK(small.num_features, small.num_labels, **kwargs)
     trainer(2).fit(first, datamodule=small)
-    assert not first.done and first.outer_iterations == 2
+    assert not first.strategy.done and first.strategy.outer_iterations == 2
     ckpt = next(tmp_path.rglob("*.ckpt"))
     again = CRANK(small.num_features, small.num_labels, **kwargs)
     seen = {}
     original = again.on_fit_start
-    again.on_fit_start = lambda: (seen.update(beta=float(again.beta), iters=again.outer_iterations,
-                                              w=again.restart_energy.edge_weight.detach().clone()), original())[1]
+    again.on_fit_start = lambda: (original(), seen.update(beta=float(again.beta), iters=again.strategy.outer_iterations,
+                                                          w=again.restart_energy.edge_weight.detach().clone()))[0]
     trainer(60).fit(again, datamodule=small, ckpt_path=str(ckpt))
     assert seen["beta"] == float(first.beta) and seen["iters"] == 2
     assert torch.equal(seen["w"], first.restart_energy.edge_weight.detach())
-    assert again.done and again.graph.is_forest and again.outer_iterations > 2
+    assert again.strategy.done and again.graph.is_forest and again.strategy.outer_iterations > 2
 
 
 # ---------------------------------------------------------------------- per-model forests, Greedy, MST
@@ -297,12 +297,12 @@ def test_project_is_the_tree_projection_of_full(small, tmp_path):
     spanning tree of |w_full| (footnote 7); its last.ckpt predicts on that tree."""
     model = Project(small.num_features, small.num_labels, l2=0.01, inner_iters=60)
     seen = {}
-    original = model.cccp_step
-    model.cccp_step = lambda: (seen.setdefault("w_full", model.restart_energy.edge_weight.detach()[0].clone()),
-                               original())[1]
+    original = model.strategy.iteration
+    model.strategy.iteration = lambda: (seen.setdefault("w_full", model.restart_energy.edge_weight.detach()[0].clone()),
+                                        original())[1]
     trainer = checkpointed(20, tmp_path)
     trainer.fit(model, datamodule=small)
-    assert model.full_certificate["converged"] == [True] and model.done
+    assert model.strategy.full_certificate["converged"] == [True] and model.strategy.done
     projection = max_spanning_tree(seen["w_full"].abs(), model.restart_energy.graph)
     assert torch.equal(model.structure_mask, projection)
     assert_loads_as_trained(model, trainer.checkpoint_callback.last_model_path, small.test_tensors[0])

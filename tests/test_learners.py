@@ -177,11 +177,12 @@ def test_certified_solver_resumes_from_a_checkpoint(dm, tmp_path):
     L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
               callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=True)]).fit(first, datamodule=dm)
     assert not first.solver_report()["converged"]
-    eps = float(first.solver.eps)
+    eps = float(first.strategy.solver.eps)
     second = learner("true_tree", dm, solver="lbfgs", l2=0.001, solver_iters=20)
     trainer = make_trainer(500)
     trainer.fit(second, datamodule=dm, ckpt_path=tmp_path / "last.ckpt")
-    assert second.solver.iterations > first.solver.iterations and float(second.solver.eps) <= eps
+    before, after = first.strategy.solver, second.strategy.solver
+    assert after.iterations > before.iterations and float(after.eps) <= eps
     assert second.solver_report()["converged"] and trainer.current_epoch < 500
 
 
@@ -286,11 +287,11 @@ def test_custom_subclass_with_table_energy_trains(dm, input_dependent, tmp_path)
 
 def test_base_learner_with_explicit_energy(dm):
     energy = FinleyJoachimsEnergy(dm.num_features, dm.num_labels, Graph.star(dm.num_labels))
-    model = StructuredLearner(dm.num_features, dm.num_labels, energy=energy)
+    model = StructuredLearner(dm.num_features, dm.num_labels, energy=energy, solver="adam")
     assert model.energy is energy
     assert "energy" not in model.hparams
     x, y = dm.train_tensors
-    loss = model.training_step((x[:16], y[:16]), 0)
+    loss = model.training_step((x[:16], y[:16]), 0)  # the gradient strategy's loss: hinge + l2
     assert loss.ndim == 0 and torch.isfinite(loss)
     loss.backward()
     assert energy.unary.weight.grad is not None and energy.edge_weight.grad is not None

@@ -28,7 +28,7 @@ from structtorch.config import ModelConfig, TrainerConfig
 from structtorch.graph import Graph
 from structtorch.learners import LEARNERS, M3N, FixedTree, Independent, StructuredLearner
 from structtorch.structure.edge_scores import chow_liu_tree
-from structtorch.train import build_datamodule, build_learner, run, world_size  # registers the schemas
+from structtorch.train import build_datamodule, build_learner, format_metrics, run, world_size  # registers the schemas
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -524,3 +524,15 @@ def test_independent_and_fixed_tree_are_the_configured_models():
     cfg = compose_cfg(["model=fixed_tree"])
     assert cfg.model.name == "fixed_tree" and cfg.model.tree == "chow_liu"
     assert LEARNERS["independent"] is Independent
+
+
+def test_the_console_says_whether_the_run_is_certified():
+    base = {"model": "independent", "data": "emotions", "test/hamming_acc": 0.8}
+    certified = {"solver": "bcfw", "relative_gap": 4e-4, "converged": True, "tol": 1e-3, "epochs": 12}
+    lines = format_metrics(base | {"solver": certified}).splitlines()
+    assert lines[-1].startswith("duality gap") and lines[-1].endswith("12 epochs): certified")
+    open_grid = certified | {"relative_gap": [4e-4, 2e-2], "converged": [True, False]}
+    assert "NOT certified (raise trainer.max_epochs" in format_metrics(base | {"solver": open_grid})
+    cccp = {"solver": "cccp", "converged": False, "epochs": 60}
+    assert "stopping rule" in format_metrics(base | {"solver": cccp}) and "NOT met" in format_metrics(
+        base | {"solver": cccp})

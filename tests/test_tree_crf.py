@@ -135,7 +135,7 @@ def test_tree_crf_recovers_the_tree_and_predicts_near_the_true_model(synthetic):
     indep = subset_acc(fit(Independent(8, 8), synthetic), d.x_test, d.y_test)
     ours = subset_acc(m, d.x_test, d.y_test)
     assert ours >= truth - 0.05 and ours >= indep + 0.08, (ours, truth, indep)
-    assert m.certificate is not None and bool(m.certificate.converged.all())
+    assert m.strategy.certificate is not None and bool(m.strategy.certificate.converged.all())
     summary = m.structure_summary()
     assert summary["num_edges"] == 7 and all(w is not None and w > 0 for _, _, w in summary["edges"])
 

@@ -14,7 +14,6 @@ checkpoint is loaded. ``train.py`` knows no learner by name.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -26,29 +25,14 @@ from ..data.datamodule import fold_assignment
 from ..energies import Energy
 from ..graph import Graph
 from ..inference import tree_kbest, tree_map
-from ..losses import crf_nll, map_value, structured_hinge, zero_one_hinge
+from ..losses import crf_nll, map_value, smoothed_lp_hinge, structured_hinge, zero_one_hinge
 from ..metrics import ExampleF1, HammingAccuracy, PerLabelCounts, SubsetAccuracy, multilabel_metrics
 from ..plots import close_figure, per_label_figure, structure_figure
 from ..potentials import Potentials
-from ..solvers import BCFW, GapInfo, Oracle, SmoothedLBFGS, SmoothedMax, tree_oracle, tree_smoothed_max
+from ..solvers import BCFW, Oracle, SmoothedMax, tree_oracle, tree_smoothed_max
+from ..strategies import SOLVERS, Strategy, solver_strategy
 
 __all__ = ["SOLVERS", "StructuredLearner", "TRAIN_INFERENCE", "TEST_INFERENCE"]
-
-#: model.solver values: certified convex solvers (lbfgs, bcfw) and gradient optimizers; "auto" picks one
-SOLVERS = ("auto", "lbfgs", "bcfw", "adam", "adamw", "sgd")
-_GRADIENT = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
-
-
-class SolverSteps(torch.optim.Optimizer):
-    """A no-op optimizer: under manual optimisation Lightning counts global steps (checkpoint names,
-    logging intervals, resume progress) by optimizer steps; the certified solvers update the parameters
-    themselves and step this once per solver step."""
-
-    def __init__(self, params) -> None:
-        super().__init__(params, {})
-
-    def step(self, closure=None) -> None:
-        return None
 
 #: name -> loss-augmented max value [*B] of Potentials (the max inside the structured hinge)
 TRAIN_INFERENCE: dict[str, Callable[[Potentials], torch.Tensor]] = {"tree_map": map_value}
@@ -151,9 +135,8 @@ class StructuredLearner(L.LightningModule):
         self._predict = _lookup(test_inference, TEST_INFERENCE, "test_inference")
         self.val_metrics = multilabel_metrics("val/", num_labels)
         self.test_metrics = multilabel_metrics("test/", num_labels)
-        self.solver: BCFW | SmoothedLBFGS | None = None  # the certified solver, built at fit start
-        self.certificate: GapInfo | None = None  # its last duality gap
-        self._solver_state: dict[str, Any] | None = None  # from a checkpoint, applied at fit start
+        self._strategy: Strategy | None = None  # how the parameters are fitted (``strategy``)
+        self._strategy_state: dict[str, Any] | None = None  # from a checkpoint, handed to the strategy at fit start
 
     # ------------------------------------------------------------------ what subclasses supply
     def build_energy(self) -> Energy:
@@ -177,6 +160,17 @@ class StructuredLearner(L.LightningModule):
         if self.hparams.margin == "zero_one":
             return zero_one_hinge(pot, y, self.worst_violator, self.hparams.margin_scale)
         return structured_hinge(pot, y, self._train_max, self.hparams.margin_scale)
+
+    def warm_smoothed_hinge(self, pot: Potentials, y: torch.Tensor, index: torch.Tensor | None, eps: float,
+                            iters: int, tol: float | None = None) -> torch.Tensor:
+        """The smoothed-LP hinge [B] (``smoothed_lp_hinge``) of a batch, warm-started from each training example's
+        messages (``self.example_state`` field "messages", indexed by ``index`` [B]), which it updates while
+        training."""
+        warm = None if index is None else self.example_state.get("messages", index).to(pot.dtype)
+        loss, messages = smoothed_lp_hinge(pot, y, eps, iters, warm, tol, self.hparams.margin_scale)
+        if index is not None and self.training:
+            self.example_state.set("messages", index, messages)
+        return loss
 
     def worst_violator(self, pot: Potentials, y: torch.Tensor) -> torch.Tensor:
         """The best assignment other than y [*B, n] (margin="zero_one"); default: ``tree_kbest`` with k = 1."""
@@ -210,50 +204,18 @@ class StructuredLearner(L.LightningModule):
         certified = getattr(self.energy, "is_linear", False) and self.smoothed_max() is not None
         return "lbfgs" if certified else "adam"
 
-    def _check_solver(self) -> None:
-        name, hp = self.solver_name, self.hparams
-        what = type(self).__name__
-        if self.num_models is not None and getattr(self.energy, "num_models", None) != self.num_models:
-            raise ValueError(f"model.l2={list(self.l2_grid)} is a grid of {self.num_models} batched models, but "
-                             f"{what}.build_energy() did not pass num_models=self.num_models to its energy")
-        if name in _GRADIENT:
-            if self.num_models is not None:
-                raise ValueError(f"model.l2 as a list (a regularisation grid) needs solver=lbfgs or bcfw, "
-                                 f"got solver={name}")
-            return
-        if not getattr(self.energy, "is_linear", False):
-            raise ValueError(f"solver={name} needs an energy linear in its parameters; {what} uses "
-                             f"{type(self.energy).__name__}: use solver=adam")
-        if name == "bcfw" and (hp.loss != "hinge" or self.bcfw_oracle() is None):
-            raise ValueError(f"solver=bcfw trains the hinge with an exact or smoothed-LP max; {what} with "
-                             f"loss={hp.loss} has none: use solver=lbfgs or adam")
-        if name == "lbfgs" and hp.get("margin", "hamming") != "hamming":
-            raise ValueError(f"solver=lbfgs smooths the Hamming-margin hinge; margin={hp.margin} needs solver=bcfw "
-                             f"(or adam)")
-        if name == "lbfgs" and self.smoothed_max() is None:
-            raise ValueError(f"solver=lbfgs needs a smoothed training max; {what} with train_inference="
-                             f"{hp.get('train_inference', 'a callable')} on {self.graph} has none: use solver=adam")
+    def build_strategy(self) -> Strategy:
+        """The training strategy (``structtorch.strategies``) of ``solver_name``; learners with an algorithm of
+        their own (CRANK's CCCP, Domke's Algorithm 1) return theirs."""
+        return solver_strategy(self, self.solver_name)
 
-    def _build_solver(self) -> BCFW | SmoothedLBFGS:
-        """The certified solver on the whole training set (parameters kept: a resumed run goes on)."""
-        hp = self.hparams
-        x, y = _training_tensors(self.trainer)
-        dtype = next(self.energy.parameters()).dtype
-        x, y = x.to(self.device, dtype), self.energy_labels(y.to(self.device))
-        lam, mask = self._grid(len(x))
-        if self.solver_name == "lbfgs":
-            crf = hp.loss == "crf"
-            return SmoothedLBFGS(self.energy, x, y, lam, smoothed_max=self.smoothed_max(),
-                                 margin_scale=0.0 if crf else hp.margin_scale, bias_reg=hp.bias_reg, tol=hp.tol,
-                                 eps=1.0 if crf else None, mask=mask)
-        params = [p.detach().clone() for p in self.energy.parameters()]
-        solver = BCFW(self.energy, len(x), lam, oracle=self.bcfw_oracle(), margin_scale=hp.margin_scale,
-                      bias_reg=hp.bias_reg, tol=hp.tol, mask=mask, margin=hp.get("margin", "hamming"),
-                      averaging=hp.get("bcfw_averaging", False))
-        with torch.no_grad():  # BCFW starts from w = 0; a resumed run restores its weights and dual state
-            for p, saved in zip(self.energy.parameters(), params):
-                p.copy_(saved if self._solver_state else torch.zeros_like(saved))
-        return solver
+    @property
+    def strategy(self) -> Strategy:
+        """The training strategy, built on first use and again when the solver it stands for changes (a learned
+        structure can turn "auto" from adam into lbfgs)."""
+        if self._strategy is None or self._strategy.name != self.solver_name:
+            self._strategy = self.build_strategy()
+        return self._strategy
 
     def _full_model(self, g: int) -> int:
         """Index of lambda g's model on the whole training set (0 without a grid)."""
@@ -263,8 +225,9 @@ class StructuredLearner(L.LightningModule):
         """The fold [N] of each training example (seeded, balanced)."""
         return fold_assignment(num_examples, self.hparams.cv_folds, seed=0)
 
-    def _grid(self, num_examples: int) -> tuple[float | torch.Tensor, torch.Tensor | None]:
-        """(lambda per model [M], training mask [M, N]) of the grid; (l2, None) without one."""
+    def grid_models(self, num_examples: int) -> tuple[float | torch.Tensor, torch.Tensor | None]:
+        """(lambda per model [M], training mask [M, N]) of the regularisation grid (every fold of every lambda,
+        then every lambda on the whole training set); (l2, None) without a grid."""
         if self.num_models is None:
             return self.l2_grid[0], None
         k = self.hparams.cv_folds
@@ -295,88 +258,24 @@ class StructuredLearner(L.LightningModule):
                           "chosen_l2": self.l2_grid[best]}
         return self.cv_report
 
-    def _certified_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
-        if isinstance(self.solver, SmoothedLBFGS):
-            if batch_idx == 0:  # full batch: up to solver_iters L-BFGS iterations per epoch, certified every 20
-                self.solver.fit(max_iter=self.solver.iterations + self.hparams.solver_iters, check_every=20)
-                self.optimizers().step()
-            return None
-        if len(batch) < 3:
-            raise ValueError("solver=bcfw needs batches (x, y, index) with each example's index in the training set")
-        x, y, index = (self.all_gather(t).flatten(0, 1) if self.trainer.world_size > 1 else t for t in batch[:3])
-        info = self.solver.step(x, self.energy_labels(y), index)  # every rank takes the same step (gathered batch)
-        self.optimizers().step()
-        self.log("train/loss", info.loss.sum(), prog_bar=True, on_step=False, on_epoch=True, reduce_fx="sum",
-                 batch_size=len(x))
-        return None
-
-    def _certify(self) -> GapInfo:
-        if isinstance(self.solver, SmoothedLBFGS):  # certified at the end of this epoch's iterations
-            return self.solver.last if self.solver.last is not None else self.solver.certify()
-        dm_x, dm_y = _training_tensors(self.trainer)
-        dtype = next(self.energy.parameters()).dtype
-        every = torch.arange(len(dm_x), device=self.device)
-        return self.solver.duality_gap((dm_x[i.cpu()].to(self.device, dtype),
-                                        self.energy_labels(dm_y[i.cpu()].to(self.device)), i)
-                                       for i in every.split(1024))
-
     def on_fit_start(self) -> None:
-        self._check_solver()
-        if self.automatic_optimization:
-            return
-        self.solver = self._build_solver()
-        if self._solver_state:
-            self._load_solver_state(self._solver_state)
-        self.certificate = None
+        x, y = _training_tensors(self.trainer)
+        state = self._strategy_state if (self._strategy_state or {}).get("kind") == self.strategy.name else None
+        self.strategy.setup(x, y, state)  # a checkpoint of another strategy: this one starts from its weights
 
     def on_train_epoch_start(self) -> None:
-        if isinstance(self.solver, BCFW):
-            self.solver.start_epoch()
+        self.strategy.epoch_start()
+
+    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor | None:
+        return self.strategy.training_step(batch, batch_idx)
 
     def on_train_epoch_end(self) -> None:
-        if self.automatic_optimization:
-            return
-        if isinstance(self.solver, BCFW) and not self.solver.should_certify():
-            self.log("train/duality_gap", self.solver.gap_estimate().max(), prog_bar=True)  # running estimate
-            return
-        info = self.certificate = self._certify()
-        self.log("train/duality_gap", info.relative_gap.max(), prog_bar=True)
-        self.log("train/objective", info.primal.sum())
-        self.log("train/dual", info.dual.sum())
-        if isinstance(self.solver, SmoothedLBFGS):
-            self.log("train/eps", self.solver.eps.max())
-        if bool(info.converged.all()):
+        if self.strategy.epoch_end():
             self.trainer.should_stop = True
 
     def solver_report(self) -> dict[str, Any]:
         """How training ended, for metrics.json: the solver and (certified solvers) its last certificate."""
-        report: dict[str, Any] = {"solver": self.solver_name}
-        if self.solver is None:
-            return report
-        info = self.certificate if self.certificate is not None else self._certify()
-        report.update({k: _plain(getattr(info, k)) for k in ("primal", "dual", "gap", "relative_gap", "converged")})
-        report["tol"] = self.hparams.tol
-        if isinstance(self.solver, SmoothedLBFGS):
-            report.update(iterations=self.solver.iterations, eps=_plain(self.solver.eps))
-        return report
-
-    def _solver_checkpoint(self) -> dict[str, Any] | None:
-        if isinstance(self.solver, SmoothedLBFGS):
-            return {"kind": "lbfgs", "eps": self.solver.eps.tolist(), "iterations": self.solver.iterations}
-        if isinstance(self.solver, BCFW):
-            return {"kind": "bcfw", **{k: None if v is None else v.detach().cpu()
-                                       for k, v in self.solver.state_dict().items()}}
-        return self._solver_state
-
-    def _load_solver_state(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != self.solver_name:
-            return  # trained with another solver: start this one afresh from the weights
-        if isinstance(self.solver, SmoothedLBFGS):
-            self.solver.eps = torch.as_tensor(state["eps"], dtype=self.solver.eps.dtype, device=self.solver.eps.device)
-            self.solver.iterations = state["iterations"]
-        else:
-            self.solver.load_state_dict({k: None if v is None else v.to(self.device)
-                                         for k, v in state.items() if k != "kind"})
+        return self.strategy.report()
 
     # ------------------------------------------------------------------ structure
     @property
@@ -449,12 +348,13 @@ class StructuredLearner(L.LightningModule):
             self.set_structure(mask)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["structtorch"] = {"learner": type(self).__name__, "solver": self._solver_checkpoint()}
+        state = self._strategy.state_dict() if self._strategy is not None else self._strategy_state
+        checkpoint["structtorch"] = {"learner": type(self).__name__, "solver": state}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Re-apply the checkpoint's structure before its weights are loaded (shapes must match); keep the
-        certified solver's state for the fit start."""
-        self._solver_state = checkpoint.get("structtorch", {}).get("solver")
+        strategy's state for the fit start."""
+        self._strategy_state = checkpoint.get("structtorch", {}).get("solver")
         saved = checkpoint.get("state_dict", {}).get("structure_mask")
         saved = torch.zeros(0, dtype=torch.bool) if saved is None else saved.cpu()
         if torch.equal(saved, self.structure_mask.cpu()):
@@ -478,17 +378,6 @@ class StructuredLearner(L.LightningModule):
         return Potentials(pot.unary[m], pot.pairwise[m], pot.graph)
 
     # ------------------------------------------------------------------ Lightning hooks
-    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor | None:
-        if not self.automatic_optimization:
-            return self._certified_step(batch, batch_idx)
-        x, y = batch[0], self.energy_labels(batch[1])
-        data_loss = self.loss(self.energy(x), y, batch[2] if len(batch) > 2 else None).mean()
-        total = data_loss + self.regularizer()
-        self.log("train/loss", data_loss, prog_bar=True, on_step=False, on_epoch=True, batch_size=len(x),
-                 sync_dist=True)
-        self.log("train/objective", total, on_step=False, on_epoch=True, batch_size=len(x), sync_dist=True)
-        return total
-
     def _evaluate(self, batch: tuple[torch.Tensor, ...], metrics) -> torch.Tensor:
         x, y = batch[0], batch[1]
         y_hat = self(x)
@@ -514,10 +403,9 @@ class StructuredLearner(L.LightningModule):
         self._log_figure("test/per_label", self.per_label_figure())
 
     def on_train_end(self) -> None:
-        if self.certificate is not None and not bool(self.certificate.converged.all()):
-            rank_zero_warn(f"training stopped at max_epochs={self.trainer.max_epochs} before the certificate: "
-                           f"relative duality gap {float(self.certificate.relative_gap.max()):.2g} > model.tol="
-                           f"{self.hparams.tol:g}; raise trainer.max_epochs (or model.solver_iters) to reach it")
+        warning = self.strategy.warning()
+        if warning is not None:
+            rank_zero_warn(warning)
         report = self.select_by_cv()
         if report is not None and self.logger is not None and self.trainer.is_global_zero:
             for l2, score in zip(report["l2"], report["scores"]):
@@ -530,20 +418,14 @@ class StructuredLearner(L.LightningModule):
         return self(x)
 
     def configure_optimizers(self):
-        hp = self.hparams
-        self._check_solver()
-        self.automatic_optimization = self.solver_name in _GRADIENT
-        if not self.automatic_optimization:
-            return SolverSteps(self.parameters())  # the certified solver is built at fit start (on_fit_start)
-        opt = _GRADIENT[self.solver_name](self.parameters(), lr=hp.lr)
-        if hp.lr_schedule == "none" or self.trainer is None or not self.trainer.max_epochs:
-            return opt
-        # closed-form cosine over the *current* max_epochs (a run resumed with more epochs keeps annealing to 0)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: self._cosine(epoch))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
-
-    def _cosine(self, epoch: int) -> float:
-        return 0.5 * (1.0 + math.cos(math.pi * min(epoch, self.trainer.max_epochs) / max(1, self.trainer.max_epochs)))
+        if self.num_models is not None and getattr(self.energy, "num_models", None) != self.num_models:
+            raise ValueError(f"model.l2={list(self.l2_grid)} is a grid of {self.num_models} batched models, but "
+                             f"{type(self).__name__}.build_energy() did not pass num_models=self.num_models to its "
+                             f"energy")
+        strategy = self.strategy
+        strategy.check()
+        self.automatic_optimization = strategy.automatic
+        return strategy.configure_optimizers()
 
 
 def _training_tensors(trainer: L.Trainer | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -574,15 +456,9 @@ def _cv_score(name: str, y_hat: torch.Tensor, y: torch.Tensor) -> float:
 
 def _check_l2(l2: Any) -> list[float]:
     values = [l2] if isinstance(l2, (int, float, str)) else list(l2)  # a number, or a list / ListConfig
-    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in values):
-        raise ValueError(f"l2 must be a number > 0 or a non-empty list of them, got {l2!r}")
+    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 for v in values):
+        raise ValueError(f"l2 must be a number >= 0 or a non-empty list of them, got {l2!r}")
     return [float(v) for v in values]
-
-
-def _plain(t: torch.Tensor) -> float | bool | list:
-    """A per-model tensor [M] as a JSON value: a scalar for one model, else a list."""
-    values = t.detach().cpu().tolist()
-    return values[0] if len(values) == 1 else values
 
 
 def _lookup(what: str | Callable, registry: dict[str, Callable], name: str) -> Callable:

@@ -10,7 +10,6 @@ import torch
 from ..energies import FinleyJoachimsEnergy
 from ..graph import Graph
 from ..inference import lp_map, smoothed_lp
-from ..losses import check_loss_finite, hamming_augment
 from ..potentials import Potentials
 from ..solvers import ForestSmoothedMax, LPSmoothedMax, Oracle, SmoothedLBFGS, SmoothedMax, smoothed_oracle
 from ..state import ExampleState
@@ -261,13 +260,8 @@ class Full(M3N):
         return smoothed_oracle(self.hparams.eps, self.hparams.predict_iters, tol=self.hparams.lp_tol * self.hparams.eps)
 
     def loss(self, pot: Potentials, y: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
-        hp = self.hparams
-        aug = hamming_augment(pot, y, hp.margin_scale)
-        warm = None if index is None else self.example_state.get("messages", index).to(aug.dtype)
-        res = smoothed_lp(aug, hp.eps, hp.iters, messages=warm, tol=hp.lp_tol)
-        if index is not None and self.training:
-            self.example_state.set("messages", index, res.messages)
-        return check_loss_finite(res.value - pot.score(y), pot, y, "Full.loss", index=index)
+        """The smoothed-LP hinge [B], warm-started from each example's messages of the previous epoch."""
+        return self.warm_smoothed_hinge(pot, y, index, self.hparams.eps, self.hparams.iters, self.hparams.lp_tol)
 
     def _predict_labels(self, pot: Potentials) -> torch.Tensor:
         hp = self.hparams

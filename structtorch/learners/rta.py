@@ -77,7 +77,6 @@ class RTA(StructuredLearner):
         self._predict = lambda pot: ensemble_map(pot, self.hparams.k, self.hparams.k_max)[0]  # also the CV grid's
         self.certified = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
         self.mean_k = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
-        self.train_inference_stats: dict[str, float] = {}
 
     def build_energy(self) -> TreeEnsembleEnergy:
         return TreeEnsembleEnergy(self.hparams.num_features, self._trees, normalize=self.hparams.normalize,
@@ -107,18 +106,6 @@ class RTA(StructuredLearner):
         y = ensemble_map(pot.detach(), self.hparams.k, self.hparams.k_max)[0]
         return total_score(pot, y)
 
-    def on_train_epoch_start(self) -> None:
-        super().on_train_epoch_start()
-        self.oracle.reset()
-
-    def on_train_epoch_end(self) -> None:
-        stats = self.oracle.stats()
-        super().on_train_epoch_end()  # may run the gap pass: its searches are counted too
-        if self.oracle.searches:
-            self.train_inference_stats = self.oracle.stats() | {"searches": self.oracle.searches}
-            self.log("train/certified", stats["certified"])
-            self.log("train/mean_k", stats["mean_k"])
-
     # ------------------------------------------------------------------ prediction
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.predict_with_certificate(x)[0]
@@ -140,8 +127,10 @@ class RTA(StructuredLearner):
         return y_hat
 
     def solver_report(self) -> dict[str, Any]:
+        """The strategy's report (BCFW: with its K-best searches under inference.train) and the mean K of the
+        validation and test predictions."""
         report = super().solver_report()
-        report["inference"] = {"train": self.train_inference_stats,
+        report["inference"] = {"train": report.get("inference", {}).get("train", {}),
                                **{s: {"mean_k": float(self.mean_k[s].compute()) if self.mean_k[s].update_count
                                       else None} for s in ("val", "test")}}
         return report

@@ -5,8 +5,8 @@ from .bcfw import BCFW, EnsembleOracle, Oracle, StepInfo, one_hot_marginals, smo
 from .certificate import CertificateError, GapInfo, certificate
 from .lbfgs import BatchedLBFGS
 from .proximal import BatchedFISTA
-from .smoothing import ForestSmoothedMax, LPSmoothedMax, SmoothedLBFGS, SmoothedMax, tree_smoothed_max
+from .smoothing import ForestSmoothedMax, LPSmoothedMax, SmoothedHinge, SmoothedLBFGS, SmoothedMax, tree_smoothed_max
 
 __all__ = ["BCFW", "BatchedFISTA", "BatchedLBFGS", "CertificateError", "EnsembleOracle", "ForestSmoothedMax",
-           "GapInfo", "LPSmoothedMax", "Oracle", "SmoothedLBFGS", "SmoothedMax", "StepInfo", "certificate",
-           "one_hot_marginals", "smoothed_oracle", "tree_oracle", "tree_smoothed_max"]
+           "GapInfo", "LPSmoothedMax", "Oracle", "SmoothedHinge", "SmoothedLBFGS", "SmoothedMax", "StepInfo",
+           "certificate", "one_hot_marginals", "smoothed_oracle", "tree_oracle", "tree_smoothed_max"]

@@ -42,7 +42,8 @@ from .bcfw import _check_lam, _check_mask, lift_models, one_hot_marginals
 from .certificate import GapInfo, certificate
 from .lbfgs import BatchedLBFGS
 
-__all__ = ["ForestSmoothedMax", "LPSmoothedMax", "SmoothedLBFGS", "SmoothedMax", "tree_smoothed_max"]
+__all__ = ["ForestSmoothedMax", "LPSmoothedMax", "SmoothedHinge", "SmoothedLBFGS", "SmoothedMax",
+           "tree_smoothed_max"]
 
 #: (Potentials [M, N], eps [M, 1]) -> differentiable smoothed max [M, N] >= max_y score(y), each model at its
 #: own temperature; its gradient w.r.t. the potentials is the marginals
@@ -115,15 +116,21 @@ class ForestSmoothedMax:
         self.index = order[:, :k]  # [M, k] candidate edge ids: the forest's, then spanning-tree padding
         self.keep = forests.gather(1, self.index)  # [M, k]
         self.trees = Graph(n, graph.edges[self.index.cpu()]) if n > 1 else None
+        self._subsets: dict[bytes, ForestSmoothedMax] = {}  # subset(): the last masks asked for
 
     def subset(self, models: torch.Tensor) -> ForestSmoothedMax:
         """The same for the models where ``models`` [M] (bool) is True (``SmoothedLBFGS`` evaluates only
-        the models still open)."""
-        sub = copy.copy(self)
-        on = models.to(self.index.device)
-        sub.index, sub.keep = self.index[on], self.keep[on]
-        sub.trees = Graph(self.graph.num_nodes, self.graph.edges[sub.index.cpu()]) if self.trees is not None else None
-        return sub
+        the models still open); cached per mask (its graph keeps its tree schedules), the last 8 masks."""
+        key = bytes(models.cpu().numpy())
+        if key not in self._subsets:
+            sub = copy.copy(self)
+            on = models.to(self.index.device)
+            sub.index, sub.keep, sub._subsets = self.index[on], self.keep[on], {}
+            sub.trees = Graph(self.graph.num_nodes, self.graph.edges[sub.index.cpu()]) if self.trees else None
+            if len(self._subsets) >= 8:
+                del self._subsets[next(iter(self._subsets))]
+            self._subsets[key] = sub
+        return self._subsets[key]
 
     def ensemble(self, pot: Potentials, scale: torch.Tensor | None = None) -> Potentials:
         """The [N, M] ensemble potentials of candidate-graph potentials [M, N] (divided by scale [M, 1])."""
@@ -153,36 +160,34 @@ def _tree_max(pot: Potentials) -> torch.Tensor:
         return tree_map(pot)[0]
 
 
-class SmoothedLBFGS:
-    """Full-batch L-BFGS on the smoothed structured hinge (or CRF likelihood), with a duality-gap certificate.
+class SmoothedHinge:
+    """The entropy-smoothed structured hinge (or CRF likelihood) of a linear energy and its duality-gap
+    certificate, for M models at once; what ``SmoothedLBFGS`` minimises and CRANK's CCCP linearises.
 
     Args:
-        energy: an ``Energy`` linear in its parameters on a single graph (``num_models=M`` trains M
-            models at once); its parameters are optimised in place from their current values.
+        energy: an ``Energy`` linear in its parameters on a single graph (``num_models=M``: M models at once).
         x [N, D], y [N, n] long: the training set.
         lam: lambda > 0, a float or a tensor [M].
         smoothed_max: ``tree_smoothed_max`` (trees, forests), ``LPSmoothedMax(...)`` (loopy graphs) or
             ``ForestSmoothedMax`` (each model on its own forest; a smoothed max with a ``subset(models)``
-            method is narrowed to the models still open before each evaluation).
+            method is narrowed to the models in ``evaluated``).
         exact_max: the max itself for the primal value (default: tree_map's score when smoothed_max is
             ``tree_smoothed_max``, else None: the primal uses the smoothed max, an upper bound).
         margin_scale: weight of the Hamming loss (0 with a fixed eps: the CRF likelihood at eps = 1).
         bias_reg: rho > 0, the regulariser weight of parameters named ``*bias`` relative to lambda.
-        tol: relative duality gap at which the solve is certified.
-        eps: None: continuation on the temperature (the hinge); a float: that fixed temperature (the
-            smoothed objective is the objective, e.g. eps = 1 for a CRF).
+        tol: relative duality gap at which a model is certified.
+        eps: None: the temperature is the solver's to lower (starts at margin_scale); a float: that fixed
+            temperature (the smoothed objective is the objective, e.g. eps = 1 for a CRF).
         mask: bool [M, N] (or [N]), the examples each model trains on (CV folds); default all.
-        history_size: L-BFGS memory.
-        dtype: the precision of the solve (default float64: a 1e-3 certificate needs more than float32's
-            line searches resolve). When it differs from the energy's, the solver works on a copy of the
-            energy in ``dtype`` and writes the parameters back (cast) after every ``run``.
+        dtype: the precision of the objective (default float64: a 1e-3 certificate needs more than float32's
+            line searches resolve). When it differs from the energy's, ``energy`` is a copy in ``dtype`` and
+            ``write_back()`` casts the parameters into the original (``target``).
     """
 
     def __init__(self, energy: Energy, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor,
                  smoothed_max: SmoothedMax = tree_smoothed_max, exact_max: Callable | None = None,
                  margin_scale: float = 1.0, bias_reg: float = 1e-4, tol: float = 1e-3, eps: float | None = None,
-                 mask: torch.Tensor | None = None, history_size: int = 20, dtype: torch.dtype = torch.float64
-                 ) -> None:
+                 mask: torch.Tensor | None = None, dtype: torch.dtype = torch.float64) -> None:
         if not isinstance(energy, Energy) or energy.graph.is_ensemble:
             raise TypeError("energy must be a structtorch Energy on a single graph")
         if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0] or x.shape[0] < 1:
@@ -217,10 +222,9 @@ class SmoothedLBFGS:
         self.delta = margin_scale * (1.0 - self.m_u)
         self.fixed_eps = eps is not None
         self.eps = torch.full_like(self.lam, float(eps) if self.fixed_eps else float(margin_scale))  # [M]
-        self.iterations = 0
         self.last: GapInfo | None = None
+        self.smoothing: torch.Tensor | None = None  # eps/N sum_i H(mu_i) [M] at the last certificate
         self.evaluated = torch.ones_like(self.lam, dtype=torch.bool)  # models whose objective is computed
-        self.opt = BatchedLBFGS(self.params, self.objective, self.num_models, history_size)
 
     # ------------------------------------------------------------------ objective
 
@@ -254,18 +258,8 @@ class SmoothedLBFGS:
             value = value.index_put((on.nonzero()[:, 0],), some)
         return self.regularizer() + self._mean(value - self._score(U, P))
 
-    def run(self, iterations: int) -> None:
-        """Up to ``iterations`` L-BFGS iterations on the smoothed objective; models already certified stay
-        put, and models whose line search stalls wait for the next ``certify`` (which lowers eps)."""
-        active = torch.ones_like(self.eps, dtype=torch.bool) if self.last is None else ~self.last.converged
-        if not torch.equal(active, self.evaluated):  # certified models drop out of the evaluations
-            self.evaluated = active.clone()
-            self.opt.refresh()
-        for _ in range(iterations):
-            if not bool(active.any()):
-                break  # every model certified or stalled at this temperature: time to certify again
-            active &= ~self.opt.step(active)
-            self.iterations += 1
+    def write_back(self) -> None:
+        """Copy the parameters into ``target`` (the energy passed in) when the objective works on a copy."""
         if self.energy is not self.target:
             with torch.no_grad():
                 for p, q in zip(self.target.parameters(), self.params):
@@ -273,8 +267,8 @@ class SmoothedLBFGS:
 
     # ------------------------------------------------------------------ certificate
     def certify(self) -> GapInfo:
-        """The duality gap [M] at the current parameters; lowers eps (continuation) where the gap is within
-        twice the smoothing term. Sets ``self.last``."""
+        """The duality gap [M] at the current parameters (``certificate``: raises on a negative or non-finite
+        one); sets ``self.last`` and ``self.smoothing``."""
         graph = self.energy.graph
         U, P = lift_models(self.energy(self.x), self.num_models)
         Ud = U.detach().requires_grad_()
@@ -288,19 +282,63 @@ class SmoothedLBFGS:
         with torch.no_grad():
             w_mu = self._per_model([g.pow(2) / r for g, r in zip(grads, self._reg_weight) if g is not None])
             score = self._score(Ud, Pd)
+            entropy = value - (aug.unary * mu_u).sum((-1, -2)) - (Pd * mu_p).sum((-1, -2, -3))  # eps H(mu_i)
             if self.fixed_eps:  # <Delta, mu> + eps H(mu) = smoothed value - <theta, mu>
-                data, dual_lin = value - score, value - (Ud * mu_u).sum((-1, -2)) - (Pd * mu_p).sum((-1, -2, -3))
+                data, dual_lin = value - score, (self.delta * mu_u).sum((-1, -2)) + entropy
             else:
                 top = value if self.exact_max is None else self.exact_max(aug)
                 data, dual_lin = top - score, (self.delta * mu_u).sum((-1, -2))
             primal = self.regularizer() + self._mean(data)
             dual = self._mean(dual_lin) - 0.5 * self.lam * w_mu
             self.last = certificate(primal, dual, self.tol, "lbfgs", primal.dtype)
-            open_ = ~self.last.converged
-            if not self.fixed_eps and bool(open_.any()):
-                entropy = value - (aug.unary * mu_u).sum((-1, -2)) - (Pd * mu_p).sum((-1, -2, -3))  # eps H(mu_i)
-                self._lower_eps(primal - dual, primal, self._mean(entropy), open_)
+            self.smoothing = self._mean(entropy)
         return self.last
+
+    def _per_model(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """sum over each model's coordinates [M] of tensors with (or without) a leading [M] dim."""
+        out = torch.zeros_like(self.lam)
+        for t in tensors:
+            out += t.sum().reshape(1) if self.num_models is None else t.reshape(t.shape[0], -1).sum(1)
+        return out
+
+
+class SmoothedLBFGS(SmoothedHinge):
+    """Full-batch L-BFGS on the smoothed structured hinge (or CRF likelihood), with a duality-gap certificate
+    and continuation on the temperature (eps=None). Args as ``SmoothedHinge``, and ``history_size``: the L-BFGS
+    memory. The energy's parameters are optimised in place from their current values."""
+
+    def __init__(self, energy: Energy, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor,
+                 smoothed_max: SmoothedMax = tree_smoothed_max, exact_max: Callable | None = None,
+                 margin_scale: float = 1.0, bias_reg: float = 1e-4, tol: float = 1e-3, eps: float | None = None,
+                 mask: torch.Tensor | None = None, history_size: int = 20, dtype: torch.dtype = torch.float64
+                 ) -> None:
+        super().__init__(energy, x, y, lam, smoothed_max, exact_max, margin_scale, bias_reg, tol, eps, mask, dtype)
+        self.iterations = 0
+        self.opt = BatchedLBFGS(self.params, self.objective, self.num_models, history_size)
+
+    def run(self, iterations: int) -> None:
+        """Up to ``iterations`` L-BFGS iterations on the smoothed objective; models already certified stay
+        put, and models whose line search stalls wait for the next ``certify`` (which lowers eps)."""
+        active = torch.ones_like(self.eps, dtype=torch.bool) if self.last is None else ~self.last.converged.to(
+            self.eps.device)
+        if not torch.equal(active, self.evaluated):  # certified models drop out of the evaluations
+            self.evaluated = active.clone()
+            self.opt.refresh()
+        for _ in range(iterations):
+            if not bool(active.any()):
+                break  # every model certified or stalled at this temperature: time to certify again
+            active &= ~self.opt.step(active)
+            self.iterations += 1
+        self.write_back()
+
+    def certify(self) -> GapInfo:
+        """The duality gap [M] at the current parameters; lowers eps (continuation) where the gap is within
+        twice the smoothing term. Sets ``self.last``."""
+        info = super().certify()
+        open_ = ~info.converged.to(self.eps.device)
+        if not self.fixed_eps and bool(open_.any()):
+            self._lower_eps(info.gap.to(self.eps), info.primal.to(self.eps), self.smoothing, open_)
+        return info
 
     def _lower_eps(self, gap: torch.Tensor, primal: torch.Tensor, smoothing: torch.Tensor, open_: torch.Tensor
                    ) -> None:
@@ -325,10 +363,3 @@ class SmoothedLBFGS:
             idle = idle + 1 if self.iterations == before else 0  # stalled even after a new temperature: give up
             info = self.certify()
         return info
-
-    def _per_model(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """sum over each model's coordinates [M] of tensors with (or without) a leading [M] dim."""
-        out = torch.zeros_like(self.lam)
-        for t in tensors:
-            out += t.sum().reshape(1) if self.num_models is None else t.reshape(t.shape[0], -1).sum(1)
-        return out

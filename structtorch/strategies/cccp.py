@@ -1,0 +1,154 @@
+"""CCCP for circuit-rank regularised max-margin learning: Algorithm 1 of Meshi, Eban, Elidan, Globerson (UAI 2013).
+
+The objective l(w) + beta f(|w_pair|), with l the l2-regularised structured hinge (the smoothed LP relaxation of
+its loss-augmented max at temperature ``eps``) and f the circuit-rank surrogate (eq. 12)
+f = ||w_pair||_1 - max_T sum_{e in T} |w_e|, is a difference of convex functions. Each CCCP iteration:
+
+1. linearises the concave part at w_t: v = sign(w_t) on the maximum spanning tree of |w_t|, 0 elsewhere
+   (Prop. 4.3, ``cccp_linearization``);
+2. minimises the convex h_t(w) = l(w) + beta ||w_pair||_1 - beta v^T w_pair by FISTA (its soft-threshold step sets
+   edge weights exactly to zero);
+3. grows beta by ``beta_growth`` whenever h stops decreasing while some support still has cycles, and stops once
+   every support is a forest.
+
+The learner's ``restarts`` starting points are one batched model; the one with the lowest objective among those
+whose support is a forest predicts, restricted to that forest (exact ``tree_map``). Project (Sec. 6) is the same
+algorithm started from Full's certified weights with a large beta.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..solvers import BatchedFISTA, LPSmoothedMax, SmoothedHinge, SmoothedLBFGS
+from ..structure import cccp_linearization, circuit_rank, circuit_rank_penalty
+from .base import Strategy
+
+__all__ = ["CCCP"]
+
+
+class CCCP(Strategy):
+    """Algorithm 1 on the learner's ``restart_energy`` ([R] Finley-Joachims models on the complete graph), with
+    its ``beta``, ``best`` and ``last_objective`` buffers (checkpointed) and hyper-parameters beta_growth, cccp_tol,
+    inner_iters, eps, predict_iters, lp_tol; after each iteration the learner's ``use_restart(b, forest)`` makes
+    restart b its predictor. One Lightning epoch = one CCCP iteration.
+
+    Args:
+        from_full: start from Full's weights, trained to their certificate on the complete graph (Project).
+    """
+
+    name = "cccp"
+
+    def __init__(self, learner, from_full: bool = False) -> None:
+        super().__init__(learner)
+        self.from_full = from_full
+        self.outer_iterations, self.done = 0, False
+        self.full_certificate: dict[str, Any] | None = None
+
+    def check(self) -> None:
+        if self.learner.hparams.solver != "auto":
+            raise ValueError(f"{type(self.learner).__name__} trains by CCCP with FISTA inner solves; model.solver "
+                             f"must be auto, got {self.learner.hparams.solver!r}")
+
+    def setup(self, x: torch.Tensor, y: torch.Tensor, state: dict[str, Any] | None = None) -> None:
+        learner, hp = self.learner, self.learner.hparams
+        self.energy = learner.restart_energy.to(learner.device)
+        x, y = x.to(learner.device), y.to(learner.device)
+        self.outer_iterations, self.done = (state["outer_iterations"], state["done"]) if state else (0, False)
+        if self.from_full and state is None:
+            self.full_certificate = self.train_full(x, y)
+        self.loss = SmoothedHinge(self.energy, x, y, learner.l2_grid[0],  # l(w) [R]
+                                  smoothed_max=LPSmoothedMax(hp.predict_iters, tol=hp.lp_tol), eps=hp.eps,
+                                  margin_scale=hp.margin_scale, bias_reg=hp.bias_reg)
+        self.v = torch.zeros_like(self.energy.edge_weight)
+        self.fista = BatchedFISTA(self.loss.params, self.smooth_part, self.l1_weights())
+
+    def train_full(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+        """Full's certified optimum on the complete graph into every restart (Project's start)."""
+        hp = self.learner.hparams
+        with torch.no_grad():
+            for p in self.energy.parameters():
+                p.zero_()
+        full = SmoothedLBFGS(self.energy, x, y, self.learner.l2_grid[0], smoothed_max=self.learner.smoothed_max(),
+                             margin_scale=hp.margin_scale, bias_reg=hp.bias_reg, tol=hp.tol)
+        info = full.fit()
+        return {"relative_gap": info.relative_gap.tolist(), "converged": info.converged.tolist()}
+
+    # ------------------------------------------------------------------ h_t = l + beta |w_pair|_1 - beta v^T w_pair
+    def l1_weights(self) -> list[torch.Tensor | None]:
+        """beta on the edge weights, no l1 term on the other parameters."""
+        beta = self.learner.beta.expand(self.learner.hparams.restarts)
+        return [beta if p is self.energy.edge_weight else None for p in self.loss.params]
+
+    def smooth_part(self) -> torch.Tensor:
+        """The smooth part of h_t [R]: l(w) - beta v^T w_pair."""
+        return self.loss.objective() - self.learner.beta * (self.v * self.energy.edge_weight).sum(1)
+
+    def objective(self) -> torch.Tensor:
+        """l(w) + beta f(|w_pair|) [R] (what CCCP decreases) at FISTA's iterate, no gradient: l is recovered from
+        FISTA's h_t = l - beta v^T w + beta |w|_1 without another smoothed-LP evaluation."""
+        w, beta = self.energy.edge_weight.detach(), self.learner.beta
+        loss = self.fista.F - beta * (w.abs().sum(1) - (self.v * w).sum(1))
+        return loss + beta * circuit_rank_penalty(w.abs(), self.energy.graph)
+
+    # ------------------------------------------------------------------ Algorithm 1
+    def iteration(self) -> dict[str, float]:
+        """One CCCP iteration on every restart, then the beta schedule; logs and returns its statistics."""
+        learner, hp, graph = self.learner, self.learner.hparams, self.energy.graph
+        self.v = cccp_linearization(self.energy.edge_weight.detach(), graph)  # step 1, Prop. 4.3
+        self.fista.set_l1(self.l1_weights())
+        self.fista.run(hp.inner_iters)  # step 2: minimise h_t
+        h = self.objective()
+        support = self.energy.edge_weight.detach() != 0
+        rank = circuit_rank(support, graph)
+        forest = rank == 0
+        stalled = (learner.last_objective - h) <= hp.cccp_tol * h.abs()
+        learner.last_objective = h.clone()
+        self.outer_iterations += 1
+        if bool(stalled.all()):  # step 3
+            if bool(forest.all()):
+                self.done = True
+            else:
+                learner.beta *= hp.beta_growth
+                learner.last_objective.fill_(float("inf"))
+        b = int((torch.where(forest, h, float("inf")) if bool(forest.any()) else h).argmin())  # forests first
+        learner.best.fill_(b)
+        learner.use_restart(b, support[b] if bool(forest[b]) else None)
+        stats = {"train/objective": float(h[b]), "train/beta": float(learner.beta),
+                 "train/circuit_rank": float(rank[b]), "train/nonzero_edges": float(support[b].sum()),
+                 "train/forests": float(forest.sum())}
+        learner.log_dict(stats, prog_bar=True, on_step=False, on_epoch=True)
+        return stats
+
+    # ------------------------------------------------------------------ the protocol
+    def training_step(self, batch: tuple, batch_idx: int) -> None:
+        if batch_idx != 0 or self.done:
+            return None
+        self.iteration()
+        self.step_counter()
+        return None
+
+    def epoch_end(self) -> bool:
+        return self.done
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.name, "outer_iterations": self.outer_iterations, "done": self.done}
+
+    def report(self) -> dict[str, Any]:
+        learner = self.learner
+        report: dict[str, Any] = {"solver": self.name, "outer_iterations": self.outer_iterations,
+                                  "beta": float(learner.beta), "converged": self.done}
+        if torch.isfinite(learner.last_objective).all():
+            report["objective"] = learner.last_objective.tolist()
+        report["best_restart"] = int(learner.best)
+        return report | ({"full": self.full_certificate} if self.from_full else {})
+
+    def warning(self) -> str | None:
+        learner = self.learner
+        if learner.graph.is_forest:
+            return None
+        return (f"{type(learner).__name__} stopped at max_epochs={learner.trainer.max_epochs} before its support was "
+                f"a forest (beta={float(learner.beta):g}); it predicts with the smoothed LP on "
+                f"{int(learner.energy.pairwise_weights().ne(0).sum())} edges. Raise trainer.max_epochs or model.beta.")

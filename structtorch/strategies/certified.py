@@ -1,0 +1,193 @@
+"""The certified strategies of linear energies: full-batch L-BFGS on the smoothed loss (``SmoothedLBFGS``) and
+block-coordinate Frank-Wolfe in the dual (``BCFW``). Both log ``train/duality_gap`` (relative, the worst
+model's) after their certificates and stop the run once every model's gap is <= ``model.tol``;
+``max_epochs`` is a cap. A regularisation grid (``model.l2=[...]``) is their batch of models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..solvers import BCFW, GapInfo, SmoothedLBFGS
+from .base import Strategy
+
+__all__ = ["BCFWStrategy", "Certified", "LBFGSStrategy"]
+
+
+class Certified(Strategy):
+    """What the certified strategies share: the energy must be linear in its parameters; the last
+    certificate (``certificate``) is logged, reported and decides when to stop."""
+
+    def __init__(self, learner) -> None:
+        super().__init__(learner)
+        self.certificate: GapInfo | None = None
+
+    def check(self) -> None:
+        energy = self.learner.energy
+        if min(self.learner.l2_grid) <= 0:
+            raise ValueError(f"solver={self.name} certifies a strongly convex objective: model.l2 must be > 0, got "
+                             f"{self.learner.hparams.l2}")
+        if not getattr(energy, "is_linear", False):
+            raise ValueError(f"solver={self.name} needs an energy linear in its parameters; "
+                             f"{type(self.learner).__name__} uses {type(energy).__name__}: use solver=adam")
+
+    def training_tensors(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training set on the learner's device and dtype, labels as the energy holds them."""
+        learner = self.learner
+        dtype = next(learner.energy.parameters()).dtype
+        return x.to(learner.device, dtype), learner.energy_labels(y.to(learner.device))
+
+    def log_certificate(self, info: GapInfo) -> bool:
+        """Keep, log and judge a certificate: True when every model is certified."""
+        self.certificate = info
+        self.learner.log("train/duality_gap", info.relative_gap.max().float(), prog_bar=True)
+        self.learner.log("train/objective", info.primal.sum().float())
+        self.learner.log("train/dual", info.dual.sum().float())
+        return bool(info.converged.all())
+
+    def report(self) -> dict[str, Any]:
+        info = self.certificate if self.certificate is not None else self.certify()
+        report = {"solver": self.name, **{k: plain(getattr(info, k)) for k in ("primal", "dual", "gap",
+                                                                             "relative_gap", "converged")}}
+        return report | {"tol": self.learner.hparams.tol}
+
+    def certify(self) -> GapInfo:
+        raise NotImplementedError
+
+    def warning(self) -> str | None:
+        info = self.certificate
+        if info is None or bool(info.converged.all()):
+            return None
+        return (f"training stopped at max_epochs={self.learner.trainer.max_epochs} before the certificate: relative "
+                f"duality gap {float(info.relative_gap.max()):.2g} > model.tol={self.learner.hparams.tol:g}; raise "
+                f"trainer.max_epochs (or model.solver_iters) to reach it")
+
+
+class LBFGSStrategy(Certified):
+    """Full-batch L-BFGS on the entropy-smoothed hinge (temperature lowered until the gap certifies it) or on
+    the CRF likelihood (eps = 1): up to ``solver_iters`` iterations per epoch, certified every 20."""
+
+    name = "lbfgs"
+
+    def check(self) -> None:
+        super().check()
+        learner, hp = self.learner, self.learner.hparams
+        if hp.margin != "hamming":
+            raise ValueError(f"solver=lbfgs smooths the Hamming-margin hinge; margin={hp.margin} needs solver=bcfw "
+                             f"(or adam)")
+        if learner.smoothed_max() is None:
+            raise ValueError(f"solver=lbfgs needs a smoothed training max; {type(learner).__name__} with "
+                             f"train_inference={hp.get('train_inference', 'a callable')} on {learner.graph} has "
+                             f"none: use solver=adam")
+
+    def setup(self, x: torch.Tensor, y: torch.Tensor, state: dict[str, Any] | None = None) -> None:
+        learner, hp = self.learner, self.learner.hparams
+        x, y = self.training_tensors(x, y)
+        lam, mask = learner.grid_models(len(x))
+        crf = hp.loss == "crf"
+        self.solver = SmoothedLBFGS(learner.energy, x, y, lam, smoothed_max=learner.smoothed_max(),
+                                    margin_scale=0.0 if crf else hp.margin_scale, bias_reg=hp.bias_reg, tol=hp.tol,
+                                    eps=1.0 if crf else None, mask=mask)
+        if state is not None:  # from the checkpoint's weights, at its temperature
+            self.solver.eps = torch.as_tensor(state["eps"], dtype=self.solver.eps.dtype, device=self.solver.eps.device)
+            self.solver.iterations = state["iterations"]
+
+    def training_step(self, batch: tuple, batch_idx: int) -> None:
+        if batch_idx == 0:  # full batch: up to solver_iters iterations per epoch
+            self.solver.fit(max_iter=self.solver.iterations + self.learner.hparams.solver_iters, check_every=20)
+            self.step_counter()
+
+    def epoch_end(self) -> bool:
+        info = self.solver.last if self.solver.last is not None else self.solver.certify()
+        self.learner.log("train/eps", self.solver.eps.max())
+        return self.log_certificate(info)
+
+    def certify(self) -> GapInfo:
+        return self.solver.last if self.solver.last is not None else self.solver.certify()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.name, "eps": self.solver.eps.tolist(), "iterations": self.solver.iterations}
+
+    def report(self) -> dict[str, Any]:
+        return super().report() | {"iterations": self.solver.iterations, "eps": plain(self.solver.eps)}
+
+
+class BCFWStrategy(Certified):
+    """Block-coordinate Frank-Wolfe in the SSVM dual (the learner's ``bcfw_oracle``), one step per batch, from
+    w = 0 (a resumed run restores its weights and dual state); the exact gap whenever the running estimate says
+    it may certify. An oracle that counts its searches (``reset`` / ``stats``, e.g. RTA's K-best search) has
+    them logged as train/certified and train/mean_k and reported under ``inference.train``."""
+
+    name = "bcfw"
+
+    def check(self) -> None:
+        super().check()
+        learner = self.learner
+        if learner.hparams.loss != "hinge" or learner.bcfw_oracle() is None:
+            raise ValueError(f"solver=bcfw trains the hinge with an exact or smoothed-LP max; "
+                             f"{type(learner).__name__} with loss={learner.hparams.loss} has none: use solver=lbfgs "
+                             f"or adam")
+
+    def setup(self, x: torch.Tensor, y: torch.Tensor, state: dict[str, Any] | None = None) -> None:
+        learner, hp = self.learner, self.learner.hparams
+        self.x, self.y = self.training_tensors(x, y)
+        lam, mask = learner.grid_models(len(self.x))
+        self.oracle = learner.bcfw_oracle()
+        loaded = [p.detach().clone() for p in learner.energy.parameters()]
+        self.solver = BCFW(learner.energy, len(self.x), lam, oracle=self.oracle, margin_scale=hp.margin_scale,
+                           bias_reg=hp.bias_reg, tol=hp.tol, mask=mask, margin=hp.margin,
+                           averaging=hp.bcfw_averaging)  # from w = 0 = w(mu) of its starting dual point
+        self.train_stats: dict[str, float] = {}
+        if state is not None:  # the checkpoint's dual state and weights
+            self.solver.load_state_dict({k: None if v is None else v.to(learner.device)
+                                         for k, v in state.items() if k != "kind"})
+            with torch.no_grad():
+                for p, saved in zip(learner.energy.parameters(), loaded):
+                    p.copy_(saved)
+
+    def epoch_start(self) -> None:
+        self.solver.start_epoch()
+        if hasattr(self.oracle, "reset"):
+            self.oracle.reset()
+
+    def training_step(self, batch: tuple, batch_idx: int) -> None:
+        learner = self.learner
+        if len(batch) < 3:
+            raise ValueError("solver=bcfw needs batches (x, y, index) with each example's index in the training set")
+        gathered = learner.trainer.world_size > 1  # every rank takes the same step, on the gathered batch
+        x, y, index = (learner.all_gather(t).flatten(0, 1) if gathered else t for t in batch[:3])
+        info = self.solver.step(x, learner.energy_labels(y), index)
+        self.step_counter()
+        learner.log("train/loss", info.loss.sum(), prog_bar=True, on_step=False, on_epoch=True, reduce_fx="sum",
+                    batch_size=len(x))
+
+    def epoch_end(self) -> bool:
+        stats = self.oracle.stats() if hasattr(self.oracle, "stats") else None
+        if stats is not None and self.oracle.searches:
+            self.train_stats = stats | {"searches": self.oracle.searches}
+            self.learner.log("train/certified", stats["certified"])
+            self.learner.log("train/mean_k", stats["mean_k"])
+        if not self.solver.should_certify():
+            self.learner.log("train/duality_gap", self.solver.gap_estimate().max().float(), prog_bar=True)
+            return False
+        return self.log_certificate(self.certify())
+
+    def certify(self) -> GapInfo:
+        """The exact duality gap, one pass over the training set."""
+        every = torch.arange(len(self.x), device=self.x.device)
+        return self.solver.duality_gap((self.x[i], self.y[i], i) for i in every.split(1024))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.name, **{k: None if v is None else v.detach().cpu()
+                                      for k, v in self.solver.state_dict().items()}}
+
+    def report(self) -> dict[str, Any]:
+        report = super().report()
+        return report | ({"inference": {"train": self.train_stats}} if self.train_stats else {})
+
+
+def plain(t: torch.Tensor) -> float | bool | list:
+    """A per-model tensor [M] as a JSON value: a scalar for one model, else a list."""
+    values = t.detach().cpu().tolist()
+    return values[0] if len(values) == 1 else values
