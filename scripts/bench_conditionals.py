@@ -38,8 +38,8 @@ from threadpoolctl import threadpool_limits
 
 from structtorch import Graph
 from structtorch.data import load_mulan_splits, tree_crf_synthetic
-from structtorch.data.datamodule import fold_assignment
 from structtorch.energies.local import pair_inputs
+from structtorch.folds import fold_assignment
 from structtorch.structure import LAMBDA_GRID, select_inputs
 from structtorch.structure.conditionals import logistic_cv_log_probs, pad_subsets
 

@@ -16,7 +16,7 @@ from sklearn.linear_model import LogisticRegression
 
 from structtorch import Graph
 from structtorch.data import tree_crf_synthetic
-from structtorch.data.datamodule import fold_assignment
+from structtorch.folds import fold_assignment
 from structtorch.inference.exact import all_assignments
 from structtorch.structure import (
     EDGE_SCORES,

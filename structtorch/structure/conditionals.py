@@ -22,8 +22,8 @@ import math
 
 import torch
 
-from ..data.datamodule import fold_assignment
 from ..energies.local import pad_subsets
+from ..folds import fold_assignment
 from ..solvers.lbfgs import BatchedLBFGS
 from ..solvers.proximal import BatchedFISTA
 
