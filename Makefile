@@ -26,3 +26,4 @@ test: setup
 
 lint: setup
 	$(PY) -m ruff check structtorch tests scripts experiments
+	$(VENV)/bin/lint-imports  # the layers of docs/design.md (contracts in pyproject.toml)

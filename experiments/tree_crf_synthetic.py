@@ -39,10 +39,11 @@ from tables import plot_curves, summarize, write_table
 from structtorch import Graph
 from structtorch.data import TreeCRFSynthetic, tree_crf_synthetic
 from structtorch.energies import LocalLinearEnergy
+from structtorch.estimation import edge_scores
 from structtorch.inference import tree_map
 from structtorch.losses import crf_nll
 from structtorch.solvers import SmoothedLBFGS
-from structtorch.structure import edge_scores, max_spanning_tree
+from structtorch.structure import max_spanning_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINES = ("disconnected_local", "disconnected_global", "true_tree")

@@ -38,10 +38,10 @@ from threadpoolctl import threadpool_limits
 
 from structtorch import Graph
 from structtorch.data import load_mulan_splits, tree_crf_synthetic
-from structtorch.data.datamodule import fold_assignment
-from structtorch.energies.local import pair_inputs
-from structtorch.structure import LAMBDA_GRID, select_inputs
-from structtorch.structure.conditionals import logistic_cv_log_probs, pad_subsets
+from structtorch.energies.local import pad_subsets, pair_inputs
+from structtorch.estimation import LAMBDA_GRID, select_inputs
+from structtorch.estimation.conditionals import logistic_cv_log_probs
+from structtorch.folds import fold_assignment
 
 NUM_CLASSES = 4  # joint states of a label pair
 

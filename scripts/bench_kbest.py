@@ -41,7 +41,7 @@ from benchutil import timeit, write_results
 
 import structtorch as st
 from structtorch import inference as inf
-from structtorch.inference.kbest import _cheapest_schedule
+from structtorch.inference.kbest import cheapest_schedule
 from structtorch.structure import random_spanning_trees
 
 try:
@@ -129,7 +129,7 @@ def check_agreement(n: int, k: int, device: torch.device) -> float:
 
 def schedule_steps(graph: st.Graph, k: int, device: torch.device) -> tuple[int, str]:
     """Steps of the schedule tree_kbest runs on graph at B = BATCH, K = K_STATES, and its kind."""
-    sched = _cheapest_schedule(graph, BATCH, K_STATES, k, device)
+    sched = cheapest_schedule(graph, BATCH, K_STATES, k, device)
     return len(sched.steps), "compress" if sched.num_compressed else "rake"
 
 

@@ -32,7 +32,7 @@ from scipy.sparse.csgraph import minimum_spanning_tree
 
 import structtorch as st
 from structtorch.structure import max_spanning_tree
-from structtorch.structure.spanning import _boruvka, _edge_keys, _endpoints
+from structtorch.structure.spanning import edge_keys, endpoints, spanning_forest
 
 
 def timeit(fn, device: torch.device, repeats: int) -> float:
@@ -44,8 +44,8 @@ def plain_boruvka(w: torch.Tensor, g: st.Graph) -> torch.Tensor:
     G, E = w.reshape(-1, g.num_edges).shape
     ends = g.edges.to(w.device).reshape(1, E, 2)
     eid = torch.arange(G * E, device=w.device)
-    s, d = _endpoints(ends, eid, E, g.num_nodes)
-    return _boruvka(s, d, _edge_keys(w.reshape(-1), eid, G * E), G * g.num_nodes)[0].reshape(w.shape)
+    s, d = endpoints(ends, eid, E, g.num_nodes)
+    return spanning_forest(s, d, edge_keys(w.reshape(-1), eid, G * E), G * g.num_nodes).reshape(w.shape)
 
 
 def sort_union_find(w: torch.Tensor, g: st.Graph) -> torch.Tensor:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["Graph", "Schedule", "Step", "check_int"]
+__all__ = ["Graph", "Schedule", "Step", "check_int", "contraction_steps", "root_forest"]
 
 
 @dataclass(frozen=True)
@@ -120,14 +120,15 @@ class Graph:
         """T for an ensemble, 1 otherwise."""
         return int(self.edges.shape[0]) if self.is_ensemble else 1
 
-    def _edge_lists(self) -> list[np.ndarray]:
+    def edge_lists(self) -> list[np.ndarray]:
+        """The edges [E, 2] of each graph of the ensemble (one for a single graph), as numpy arrays."""
         e = self.edges.numpy()
         return list(e) if self.is_ensemble else [e]
 
     def _components(self) -> list[np.ndarray]:
         """Connected-component label per node, for each graph of the ensemble."""
         if "components" not in self._cache:
-            self._cache["components"] = [_components(self.num_nodes, e) for e in self._edge_lists()]
+            self._cache["components"] = [_components(self.num_nodes, e) for e in self.edge_lists()]
         return self._cache["components"]
 
     @property
@@ -139,7 +140,7 @@ class Graph:
     def is_forest(self) -> bool:
         """No cycle (in every graph of an ensemble): |E| + c = n."""
         return all(len(e) + int(c.max()) + 1 == self.num_nodes
-                   for e, c in zip(self._edge_lists(), self._components()))
+                   for e, c in zip(self.edge_lists(), self._components()))
 
     @property
     def is_tree(self) -> bool:
@@ -213,7 +214,7 @@ class Graph:
         """ValueError naming ``op`` (and the first offending member of an ensemble) unless acyclic."""
         if self._cache.get("forest"):  # checked once: a graph never changes
             return
-        for t, (e, c) in enumerate(zip(self._edge_lists(), self._components())):
+        for t, (e, c) in enumerate(zip(self.edge_lists(), self._components())):
             if len(e) + int(c.max()) + 1 != self.num_nodes:
                 where = f"member {t} of the ensemble {self!r}" if self.is_ensemble else f"the graph {self!r}"
                 raise ValueError(f"{op} needs a tree or forest, but {where} has a cycle "
@@ -295,7 +296,7 @@ def _components(n: int, edges: np.ndarray) -> np.ndarray:
     return np.unique(roots, return_inverse=True)[1]
 
 
-def _root_forest(n: int, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def root_forest(n: int, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """BFS-root every component at its lowest node: parent [n], parent_edge [n], flip [n]."""
     adj: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     for e, (a, b) in enumerate(edges):
@@ -325,18 +326,18 @@ def _root_forest(n: int, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def _build_schedule(graph: Graph, compress: bool = True) -> Schedule:
-    n, lists = graph.num_nodes, graph._edge_lists()
+    n, lists = graph.num_nodes, graph.edge_lists()
     num_edges = graph.num_edges
     parents, pedges, flips, groups = [], [], [], []
     for t, e in enumerate(lists):
-        p, pe, f = _root_forest(n, e)
+        p, pe, f = root_forest(n, e)
         parents.append(np.where(p >= 0, p + t * n, -1))
         pedges.append(np.where(pe >= 0, pe + t * num_edges, -1))
         flips.append(f)
         groups.append(np.full(n, t))
     parent = np.concatenate(parents)
     group = np.concatenate(groups)
-    steps = _contraction_steps(parent, compress)
+    steps = contraction_steps(parent, compress)
     roots = np.flatnonzero(parent < 0)
     flip = np.concatenate(flips)
     as_long = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64))  # noqa: E731
@@ -359,7 +360,7 @@ def _build_schedule(graph: Graph, compress: bool = True) -> Schedule:
     )
 
 
-def _contraction_steps(parent: np.ndarray, compress: bool = True) -> list[tuple]:
+def contraction_steps(parent: np.ndarray, compress: bool = True) -> list[tuple]:
     """Rake/compress rounds (Miller-Reif tree contraction) until only roots remain.
 
     Each round rakes the live non-root leaves (except a leaf whose parent is itself a non-root

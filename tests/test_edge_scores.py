@@ -16,19 +16,19 @@ from sklearn.linear_model import LogisticRegression
 
 from structtorch import Graph
 from structtorch.data import tree_crf_synthetic
-from structtorch.data.datamodule import fold_assignment
-from structtorch.inference.exact import all_assignments
-from structtorch.structure import (
+from structtorch.energies.local import pad_subsets
+from structtorch.estimation import (
     EDGE_SCORES,
     LAMBDA_GRID,
     conditional_log_probs,
     edge_scores,
-    label_mutual_information,
-    max_spanning_tree,
     scores_from_log_probs,
     select_inputs,
 )
-from structtorch.structure.conditionals import fit_logistic, logistic_cv_log_probs, pad_subsets, table_log_probs
+from structtorch.estimation.conditionals import fit_logistic, logistic_cv_log_probs, table_log_probs
+from structtorch.folds import fold_assignment
+from structtorch.inference.exact import all_assignments
+from structtorch.structure import label_mutual_information, max_spanning_tree
 
 pytestmark = pytest.mark.usefixtures("quiet_single_thread")
 

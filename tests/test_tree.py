@@ -70,9 +70,9 @@ def check_against_brute_force(pot: Potentials) -> None:
 
 def brute_force_max_marginals(pot: Potentials) -> torch.Tensor:
     """max over all assignments with y_i = a of score(y): [*B, (T,) n, K], by enumeration."""
-    from structtorch.inference.exact import _all_scores
+    from structtorch.inference.exact import all_scores
 
-    scores, ys = _all_scores(pot)  # [*B, (T,) A], [A, n]
+    scores, ys = all_scores(pot)  # [*B, (T,) A], [A, n]
     pick = (ys.T[:, None, :] == torch.arange(pot.num_states)[None, :, None])  # [n, K, A]
     return scores[..., None, None, :].masked_fill(~pick, NEG_INF).amax(-1)
 
@@ -647,7 +647,7 @@ def test_forced_schedule_matches_brute_force(monkeypatch, compress, seed):
     """Rake+compress and rake-only schedules (chosen by a cost model at run time) are both exact."""
     import structtorch.inference.tree as tree_mod
 
-    monkeypatch.setattr(tree_mod, "_cheapest_schedule", lambda g, B, K, d: g.schedule(d, compress=compress))
+    monkeypatch.setattr(tree_mod, "cheapest_schedule", lambda g, B, K, d: g.schedule(d, compress=compress))
     gen = torch.Generator().manual_seed(seed)
     n = 7
     parent = [int(torch.randint(0, i, (), generator=gen)) for i in range(1, n)]
@@ -666,12 +666,12 @@ def test_forced_schedule_matches_brute_force(monkeypatch, compress, seed):
 
 def test_cost_model_prefers_levels_for_large_batches_and_states():
     """Large B*K favours the O(n K^2) rake-only schedule; small batches the O(log n)-step contraction."""
-    from structtorch.inference.tree import _cheapest_schedule
+    from structtorch.inference.tree import cheapest_schedule
 
     g = Graph.chain(512)
     cpu = torch.device("cpu")
-    assert _cheapest_schedule(g, 1, 2, cpu) is g.schedule(cpu, compress=True)
-    assert _cheapest_schedule(g, 1024, 8, cpu) is g.schedule(cpu, compress=False)
+    assert cheapest_schedule(g, 1, 2, cpu) is g.schedule(cpu, compress=True)
+    assert cheapest_schedule(g, 1024, 8, cpu) is g.schedule(cpu, compress=False)
 
 
 # ---------------------------------------------------------------------- empty batches and odd sizes

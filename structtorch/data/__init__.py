@@ -5,14 +5,13 @@ Batches are tuples ``(x [B, D] float32, y [B, L] int64 in {0, 1}, index [B])``; 
 Domke's denoising images) give ``(GridInputs, y [B, h * w], index [B])``.
 """
 
+from ..folds import fold_assignment, kfold_indices, train_val_indices
 from .arff import ArffAttribute, ArffData, load_arff
 from .datamodule import (
     MultilabelDataModule,
     Standardizer,
     SyntheticDataModule,
     TreeCRFSyntheticDataModule,
-    kfold_indices,
-    train_val_indices,
 )
 from .denoising import DenoisingImages, denoising_images
 from .download import DownloadError, fetch_mulan, fill_cache_from, mulan_cache_dir, mulan_datasets
@@ -43,6 +42,7 @@ __all__ = [
     "denoising_images",
     "fetch_mulan",
     "fill_cache_from",
+    "fold_assignment",
     "kfold_indices",
     "load_arff",
     "load_mulan",

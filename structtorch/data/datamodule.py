@@ -16,13 +16,14 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
+from ..folds import fold_assignment, kfold_indices, train_val_indices
 from .download import fetch_mulan, mulan_datasets, mulan_files
 from .mulan import load_mulan_splits
 from .synthetic import crank_synthetic
 from .tree_crf_synthetic import tree_crf_synthetic
 
 __all__ = ["EpochShuffle", "MultilabelDataModule", "Shard", "Standardizer", "SyntheticDataModule",
-           "TreeCRFSyntheticDataModule", "kfold_indices", "train_val_indices"]
+           "TreeCRFSyntheticDataModule", "fold_assignment", "indexed_dataset", "kfold_indices", "train_val_indices"]
 
 
 @dataclass
@@ -58,38 +59,8 @@ class Standardizer:
         return torch.where(torch.isnan(x), self.mean.to(x.dtype), x)
 
 
-def train_val_indices(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A seeded random split of range(n): (train_idx, val_idx), each sorted, val of size
-    round(val_fraction * n) (at least 1 when val_fraction > 0, and leaving at least 1 for training)."""
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction must lie in [0, 1), got {val_fraction}")
-    if n < 1:
-        raise ValueError("cannot split an empty training set into train and validation")
-    n_val = 0 if val_fraction == 0 else min(n - 1, max(1, round(val_fraction * n)))
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    return perm[n_val:].sort().values, perm[:n_val].sort().values
-
-
-def kfold_indices(n: int, num_folds: int, fold: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fold ``fold`` of a seeded k-fold partition of range(n): (rest_idx, fold_idx), each sorted.
-
-    The k folds are disjoint, cover range(n), and differ in size by at most one.
-    """
-    if isinstance(num_folds, bool) or not isinstance(num_folds, int) or not 2 <= num_folds <= n:
-        raise ValueError(f"num_folds must be an int in [2, n={n}], got {num_folds!r}")
-    if isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < num_folds:
-        raise ValueError(f"fold must be an int in [0, num_folds={num_folds}), got {fold!r}")
-    in_fold = fold_assignment(n, num_folds, seed) == fold
-    return in_fold.logical_not().nonzero().squeeze(1), in_fold.nonzero().squeeze(1)
-
-
-def fold_assignment(n: int, num_folds: int, seed: int) -> torch.Tensor:
-    """The fold [n] (long, in [0, num_folds)) of each of n examples: a seeded balanced partition."""
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    return torch.empty(n, dtype=torch.long).index_put_((perm,), torch.arange(n) % num_folds)
-
-
-def _indexed(x: torch.Tensor, y: torch.Tensor) -> TensorDataset:
+def indexed_dataset(x: torch.Tensor, y: torch.Tensor) -> TensorDataset:
+    """Examples ``(x [N, ...], y [N, L] long, index [N])``: each one carries its position in the split."""
     return TensorDataset(x, y.long(), torch.arange(len(x)))
 
 
@@ -227,9 +198,9 @@ class _TensorDataModule(EpochLoaders):
         x_va, y_va, x_tr, y_tr = x_tr[va], y_tr[va], x_tr[tr], y_tr[tr]
         self.standardizer = Standardizer.fit(x_tr)
         prep = self.standardizer.transform if self.standardize else self.standardizer.impute
-        self.data_train = _indexed(prep(x_tr), y_tr)
-        self.data_val = _indexed(prep(x_va), y_va)
-        self.data_test = _indexed(prep(x_te), y_te)
+        self.data_train = indexed_dataset(prep(x_tr), y_tr)
+        self.data_val = indexed_dataset(prep(x_va), y_va)
+        self.data_test = indexed_dataset(prep(x_te), y_te)
 
     @property
     def num_features(self) -> int:

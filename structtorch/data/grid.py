@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset
 
+from ..folds import train_val_indices
 from ..inputs import GridInputs
-from .datamodule import EpochLoaders, train_val_indices
+from .datamodule import EpochLoaders
 from .denoising import DenoisingImages, denoising_images
 
 __all__ = ["DenoisingDataModule", "GridDataModule", "GridDataset"]

@@ -24,8 +24,8 @@ from ..graph import Graph
 from ..inference import tree_map
 from ..potentials import Potentials
 
-__all__ = ["CrankSynthetic", "crank_potentials", "crank_synthetic", "pruefer_decode", "random_tree",
-           "sparse_multilabel"]
+__all__ = ["CrankSynthetic", "complete_index", "crank_potentials", "crank_synthetic", "pruefer_decode",
+           "random_tree", "sparse_multilabel"]
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class CrankSynthetic:
         """bool [n(n-1)/2]: which edges of ``Graph.complete(n)`` belong to the true tree."""
         n = self.num_labels
         mask = torch.zeros(n * (n - 1) // 2, dtype=torch.bool)
-        mask[_complete_index(self.tree.edges, n)] = True
+        mask[complete_index(self.tree.edges, n)] = True
         return mask
 
 
@@ -150,7 +150,7 @@ def _map_labels(x: torch.Tensor, unary_weights: torch.Tensor, pairwise_weights: 
     return tree_map(crank_potentials(x, unary_weights, pairwise_weights, tree))[1]
 
 
-def _complete_index(edges: torch.Tensor, n: int) -> torch.Tensor:
+def complete_index(edges: torch.Tensor, n: int) -> torch.Tensor:
     """Position of each edge (i < j) [E, 2] in ``Graph.complete(n)``'s lexicographic order."""
     i, j = edges.min(-1).values, edges.max(-1).values
     return i * n - i * (i + 1) // 2 + (j - i - 1)
@@ -158,7 +158,7 @@ def _complete_index(edges: torch.Tensor, n: int) -> torch.Tensor:
 
 def _complete_order(tree: Graph) -> torch.Tensor:
     """Permutation of the tree's edges into increasing complete-graph position."""
-    return _complete_index(tree.edges, tree.num_nodes).argsort()
+    return complete_index(tree.edges, tree.num_nodes).argsort()
 
 
 def sparse_multilabel(num_examples: int, num_features: int = 1449, num_labels: int = 45, keywords: int = 8,

@@ -37,7 +37,7 @@ import torch
 from ..graph import Graph
 from ..inference import tree_logz, tree_sample
 from ..potentials import Potentials
-from .synthetic import _complete_index
+from .synthetic import complete_index
 
 __all__ = ["TreeCRFSynthetic", "random_attachment_tree", "tree_crf_synthetic"]
 
@@ -89,7 +89,7 @@ class TreeCRFSynthetic:
         """bool [n(n-1)/2]: which edges of ``Graph.complete(n)`` belong to the true tree."""
         n = self.num_labels
         mask = torch.zeros(n * (n - 1) // 2, dtype=torch.bool)
-        mask[_complete_index(self.tree.edges, n)] = True
+        mask[complete_index(self.tree.edges, n)] = True
         return mask
 
     # ------------------------------------------------------------------ exact models

@@ -2,10 +2,11 @@
 
 from .base import Energy
 from .ensemble import TreeEnsembleEnergy
-from .functions import FUNCTIONS, ConstantFunction, LinearFunction, LocalFunction, ZeroFunction, make_function
+from .functions import ConstantFunction, LinearFunction, LocalFunction, ZeroFunction
 from .grid import GridEnergy
 from .linear import FinleyJoachimsEnergy, LinearTableEnergy
 from .local import LocalLinearEnergy
+from .registry import FUNCTIONS, make_function
 
 __all__ = ["FUNCTIONS", "ConstantFunction", "Energy", "FinleyJoachimsEnergy", "GridEnergy", "LinearFunction",
            "LinearTableEnergy", "LocalFunction", "LocalLinearEnergy", "TreeEnsembleEnergy", "ZeroFunction",

@@ -22,7 +22,7 @@ import json
 import numpy as np
 import torch
 
-from .functions import LocalFunction, _check_fit_args, biased_logistic_loss, lbfgs_fit
+from .functions import LocalFunction, biased_logistic_loss, check_fit_args, lbfgs_fit
 
 __all__ = ["BoostedTrees", "boost_available"]
 
@@ -111,7 +111,7 @@ class BoostedTrees(LocalFunction):
 
     def fit(self, x: torch.Tensor, bias: torch.Tensor, target: torch.Tensor,
             generator: torch.Generator | None = None) -> float:
-        _check_fit_args(self, x, bias, target)
+        check_fit_args(self, x, bias, target)
         xgb = _xgb()
         M, C = bias.shape
         with torch.no_grad():

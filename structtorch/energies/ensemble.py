@@ -17,7 +17,7 @@ from torch import nn
 from ..graph import Graph
 from ..potentials import Potentials
 from .base import Energy
-from .linear import _check_num_models, _feature_gram
+from .linear import check_num_models, feature_gram
 
 __all__ = ["TreeEnsembleEnergy"]
 
@@ -44,7 +44,7 @@ class TreeEnsembleEnergy(Energy):
     def __init__(self, num_features: int, trees: Graph, num_states: int = 2, bias: bool = True,
                  normalize: bool = True, num_models: int | None = None) -> None:
         super().__init__()
-        _check_num_models(num_models)
+        check_num_models(num_models)
         if not isinstance(trees, Graph) or not trees.is_ensemble:
             raise ValueError(f"trees must be an ensemble Graph with edges [T, n-1, 2], got {trees!r}")
         trees.require_spanning_trees("TreeEnsembleEnergy")
@@ -88,7 +88,7 @@ class TreeEnsembleEnergy(Energy):
         the per-example gradients of <pot(x_b), d_b>, with d_pair [(M,) B, T(n-1), K, K] in the flat layout
         of ``lift_models`` (pairwise / T, trees one after the other); see ``FinleyJoachimsEnergy.block_gram``."""
         T = self.graph.num_graphs
-        feat = _feature_gram(self.features(x), bias_scale if self.bias is not None else None)
+        feat = feature_gram(self.features(x), bias_scale if self.bias is not None else None)
         pair = torch.einsum("...beij,...ceij->...ebc", d_pair, d_pair) * feat * (self.tree_scale / T) ** 2
         nodes = d_unary.new_zeros(*d_unary.shape[:-3], self.graph.num_nodes, x.shape[0], x.shape[0])
         return nodes, pair

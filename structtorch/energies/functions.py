@@ -4,9 +4,10 @@
     mean_m  CE( softmax(g(phi_m) + b_m), t_m )  =  mean_m [ lse(g(phi_m) + b_m) - g(phi_m)_{t_m} - b_m(t_m) ]
 
 for rows m (every position of every example of one factor type), features phi [M, D], per-row biases
-b [M, C] and targets t [M]. ``FUNCTIONS`` maps the config names (``model.unary=``, ``model.pairwise=``) to
-the classes: zero, const, linear (L-BFGS), mlp (``energies/mlp.py``, SGD) and boost (``energies/boost.py``,
-gradient-boosted regression trees by xgboost, an optional extra).
+b [M, C] and targets t [M]. Here: the base ``LocalFunction``, the helpers every class shares
+(``biased_logistic_loss``, ``lbfgs_fit``, ``check_fit_args``) and the classes zero, const, linear (L-BFGS);
+mlp is in ``energies/mlp.py`` (SGD), boost in ``energies/boost.py`` (gradient-boosted regression trees by
+xgboost, an optional extra), the registry of config names in ``energies/registry.py``.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["FUNCTIONS", "ConstantFunction", "LinearFunction", "LocalFunction", "ZeroFunction", "biased_logistic_loss",
-           "lbfgs_fit", "make_function"]
+__all__ = ["ConstantFunction", "LinearFunction", "LocalFunction", "ZeroFunction", "biased_logistic_loss",
+           "check_fit_args", "lbfgs_fit"]
 
 
 def biased_logistic_loss(scores: torch.Tensor, bias: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -41,7 +42,8 @@ def lbfgs_fit(params: list[torch.Tensor], loss: Callable[[], torch.Tensor], iter
         opt.step(closure)
 
 
-def _check_fit_args(fn: LocalFunction, x: torch.Tensor, bias: torch.Tensor, target: torch.Tensor) -> None:
+def check_fit_args(fn: LocalFunction, x: torch.Tensor, bias: torch.Tensor, target: torch.Tensor) -> None:
+    """ValueError unless ``fn.fit``'s arguments are features x [M, D], bias [M, C] and a long target [M]."""
     M = x.shape[0]
     if x.dim() != 2 or x.shape[1] != fn.in_features:
         raise ValueError(f"{type(fn).__name__}.fit: features must be [M, D={fn.in_features}], got {tuple(x.shape)}")
@@ -79,7 +81,7 @@ class ZeroFunction(LocalFunction):
         return x.new_zeros(*x.shape[:-1], self.out_features)
 
     def fit(self, x, bias, target, generator=None) -> float:
-        _check_fit_args(self, x, bias, target)
+        check_fit_args(self, x, bias, target)
         return self._loss(x, bias, target)
 
 
@@ -93,7 +95,7 @@ class _LBFGSFunction(LocalFunction):
         self.fit_iters = fit_iters
 
     def fit(self, x, bias, target, generator=None) -> float:
-        _check_fit_args(self, x, bias, target)
+        check_fit_args(self, x, bias, target)
         x, bias = x.to(self.dtype), bias.to(self.dtype)
         lbfgs_fit(list(self.parameters()), lambda: biased_logistic_loss(self(x), bias, target), self.fit_iters)
         return self._loss(x, bias, target)
@@ -123,32 +125,3 @@ class LinearFunction(_LBFGSFunction):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x @ self.weight.to(x.dtype).T
-
-
-def make_function(name: str, in_features: int, out_features: int, *, fit_iters: int = 50, hidden: int = 20,
-                  lr: float = 0.25, epochs: int = 1, seed: int = 0) -> LocalFunction:
-    """The function class ``name`` (a key of ``FUNCTIONS``) for D inputs and C states.
-
-    fit_iters: L-BFGS iterations per fit (const, linear); hidden / lr / epochs / seed: the MLP's hidden
-    units, SGD step, passes over the rows per fit and initialisation seed (seed is also xgboost's; boosting
-    adds one tree per state per fit, as in the paper). ImportError for "boost" without xgboost.
-    """
-    if name == "zero":
-        return ZeroFunction(in_features, out_features)
-    if name == "const":
-        return ConstantFunction(in_features, out_features, fit_iters=fit_iters)
-    if name == "linear":
-        return LinearFunction(in_features, out_features, fit_iters=fit_iters)
-    if name == "mlp":
-        from .mlp import MLPFunction
-
-        return MLPFunction(in_features, out_features, hidden=hidden, lr=lr, epochs=epochs, seed=seed)
-    if name == "boost":
-        from .boost import BoostedTrees
-
-        return BoostedTrees(in_features, out_features, seed=seed)
-    raise ValueError(f"function class must be one of {list(FUNCTIONS)}, got {name!r}")
-
-
-#: the function classes by config name, in the order of Domke's Table 1
-FUNCTIONS = ("zero", "const", "linear", "boost", "mlp")

@@ -17,14 +17,16 @@ from ..graph import Graph
 from ..potentials import Potentials
 from .base import Energy
 
-__all__ = ["BatchedLinear", "FinleyJoachimsEnergy", "LinearTableEnergy"]
+__all__ = ["BatchedLinear", "FinleyJoachimsEnergy", "LinearTableEnergy", "as_graph", "check_num_models", "feature_gram"]
 
 
-def _as_graph(graph: Graph | None, num_labels: int) -> Graph:
+def as_graph(graph: Graph | None, num_labels: int) -> Graph:
+    """``graph``, or the graph without edges on ``num_labels`` nodes when it is None."""
     return Graph.empty(num_labels) if graph is None else graph
 
 
-def _check_num_models(num_models: int | None) -> None:
+def check_num_models(num_models: int | None) -> None:
+    """ValueError unless ``num_models`` (the leading model dim M of a batched energy) is None or an int >= 1."""
     if num_models is not None and (isinstance(num_models, bool) or not isinstance(num_models, int)
                                    or num_models < 1):
         raise ValueError(f"num_models must be None or a positive int, got {num_models!r}")
@@ -52,7 +54,7 @@ class BatchedLinear(nn.Module):
         return out if self.bias is None else out + self.bias[:, None]
 
 
-def _feature_gram(x: torch.Tensor, bias_scale: float | None) -> torch.Tensor:
+def feature_gram(x: torch.Tensor, bias_scale: float | None) -> torch.Tensor:
     """x_b . x_c (+ bias_scale) [B, B]: the Gram of a linear layer's per-example inputs (bias included)."""
     return x @ x.T + (bias_scale if bias_scale is not None else 0.0)
 
@@ -78,11 +80,11 @@ class FinleyJoachimsEnergy(Energy):
     def __init__(self, num_features: int, num_labels: int, graph: Graph | None = None, bias: bool = True,
                  num_models: int | None = None, spin: bool = False) -> None:
         super().__init__()
-        _check_num_models(num_models)
+        check_num_models(num_models)
         if not isinstance(spin, bool):
             raise ValueError(f"spin must be a bool, got {spin!r}")
         self.spin = spin
-        self.graph = _as_graph(graph, num_labels)
+        self.graph = as_graph(graph, num_labels)
         if self.graph.num_nodes != num_labels or self.graph.is_ensemble:
             raise ValueError(f"graph must be a single graph on num_labels={num_labels} nodes, got {self.graph}")
         self.num_models = num_models
@@ -127,7 +129,7 @@ class FinleyJoachimsEnergy(Energy):
         coordinates weighted by ``bias_scale``) of <pot(x_b), d_b> and <pot(x_c), d_c>, both restricted
         to a node/edge subset, is the sum of its parts (each node and edge owns disjoint parameters).
         """
-        feat = _feature_gram(x, bias_scale if self.unary.bias is not None else None)
+        feat = feature_gram(x, bias_scale if self.unary.bias is not None else None)
         dp = (d_pair * self.pair_table).sum((-2, -1))  # d <pot, d_b> / d w_ij
         du, dp = d_unary[..., 1].transpose(-1, -2), dp.transpose(-1, -2)  # [(M,) n, B], [(M,) E, B]
         return du[..., :, None] * du[..., None, :] * feat, dp[..., :, None] * dp[..., None, :]
@@ -147,8 +149,8 @@ class LinearTableEnergy(Energy):
     def __init__(self, num_features: int, num_labels: int, num_states: int = 2, graph: Graph | None = None,
                  input_dependent_pairwise: bool = False, num_models: int | None = None) -> None:
         super().__init__()
-        _check_num_models(num_models)
-        self.graph = _as_graph(graph, num_labels)
+        check_num_models(num_models)
+        self.graph = as_graph(graph, num_labels)
         self.num_states = num_states
         self.num_models = num_models
         E = self.graph.num_edges
@@ -202,7 +204,7 @@ class LinearTableEnergy(Energy):
         """Per-node [(M,) n, B, B] and per-edge [(M,) E, B, B] Gram parts of the per-example gradients of
         <pot(x_b), d_b> (see ``FinleyJoachimsEnergy.block_gram``); d_unary [(M,) B, n, K], d_pair
         [(M,) B, E, K, K]."""
-        feat = _feature_gram(x, bias_scale)
+        feat = feature_gram(x, bias_scale)
         nodes = torch.einsum("...bna,...cna->...nbc", d_unary, d_unary) * feat
         pair = torch.einsum("...beij,...ceij->...ebc", d_pair, d_pair)
         return nodes, pair * feat if self.input_dependent_pairwise else pair

@@ -17,7 +17,7 @@ from torch import nn
 from ..graph import Graph
 from ..potentials import Potentials
 from .base import Energy
-from .linear import _as_graph, _check_num_models
+from .linear import as_graph, check_num_models
 
 __all__ = ["LocalLinearEnergy", "pad_subsets", "pair_inputs"]
 
@@ -43,10 +43,10 @@ class LocalLinearEnergy(Energy):
     def __init__(self, num_features: int, num_labels: int, num_inputs: int = 10, num_states: int = 2,
                  graph: Graph | None = None, local_unary: bool = False, num_models: int | None = None) -> None:
         super().__init__()
-        _check_num_models(num_models)
+        check_num_models(num_models)
         if not 1 <= num_inputs <= num_features:
             raise ValueError(f"num_inputs must be in [1, num_features={num_features}], got {num_inputs}")
-        self.graph = Graph.complete(num_labels) if graph is None else _as_graph(graph, num_labels)
+        self.graph = Graph.complete(num_labels) if graph is None else as_graph(graph, num_labels)
         self.num_models, self.num_states, self.local_unary = num_models, num_states, local_unary
         self.num_features = num_features
         n, E, K = num_labels, self.graph.num_edges, num_states

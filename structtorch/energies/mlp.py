@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .functions import LocalFunction, _check_fit_args, biased_logistic_loss
+from .functions import LocalFunction, biased_logistic_loss, check_fit_args
 
 __all__ = ["MLPFunction"]
 
@@ -38,7 +38,7 @@ class MLPFunction(LocalFunction):
 
     def fit(self, x: torch.Tensor, bias: torch.Tensor, target: torch.Tensor,
             generator: torch.Generator | None = None) -> float:
-        _check_fit_args(self, x, bias, target)
+        check_fit_args(self, x, bias, target)
         dtype = self.out.weight.dtype
         x, bias = x.to(dtype), bias.to(dtype)
         opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, dampening=0.9)

@@ -6,7 +6,7 @@ import torch
 
 from ..potentials import Potentials
 
-__all__ = ["all_assignments", "brute_force_map", "brute_force_logz", "brute_force_kbest",
+__all__ = ["all_assignments", "all_scores", "brute_force_map", "brute_force_logz", "brute_force_kbest",
            "brute_force_marginals", "MAX_ASSIGNMENTS"]
 
 MAX_ASSIGNMENTS = 1 << 20
@@ -20,7 +20,7 @@ def all_assignments(n: int, K: int, device: torch.device | str = "cpu") -> torch
     return torch.arange(K ** n, device=device).unsqueeze(-1).div(powers, rounding_mode="floor") % K
 
 
-def _all_scores(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
+def all_scores(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores [*B, K**n] ([*B, T, K**n] for ensembles) of every assignment [K**n, n]."""
     if not isinstance(pot, Potentials):
         raise TypeError(f"brute force inference expects a structtorch.Potentials, got {type(pot).__name__}")
@@ -33,14 +33,14 @@ def _all_scores(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
 
 def brute_force_map(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
     """(score [*B], y [*B, n]) by enumeration; the lowest-index assignment wins ties."""
-    s, ys = _all_scores(pot)
+    s, ys = all_scores(pot)
     best, idx = s.max(-1)
     return best, ys[idx]
 
 
 def brute_force_logz(pot: Potentials) -> torch.Tensor:
     """log Z [*B] by enumeration."""
-    return _all_scores(pot)[0].logsumexp(-1)
+    return all_scores(pot)[0].logsumexp(-1)
 
 
 def brute_force_marginals(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,7 +49,7 @@ def brute_force_marginals(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:
     Ensembles: per graph, [*B, T, n, K] and [*B, T, E, K, K]. Rows with no possible
     assignment (log Z = -inf) get all-zero marginals.
     """
-    s, ys = _all_scores(pot)
+    s, ys = all_scores(pot)
     K = pot.num_states
     p = torch.nan_to_num(torch.softmax(s, -1), nan=0.0)  # [*B, A] ([*B, T, A])
     oh = torch.nn.functional.one_hot(ys, K).to(p.dtype)  # [A, n, K]
@@ -68,7 +68,7 @@ def brute_force_kbest(pot: Potentials, k: int) -> tuple[torch.Tensor, torch.Tens
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
-    s, ys = _all_scores(pot)
+    s, ys = all_scores(pot)
     A = s.shape[-1]
     top, idx = s.topk(min(k, A), -1)
     if k > A:

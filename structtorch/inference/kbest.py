@@ -34,10 +34,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..graph import Graph, Step, _contraction_steps, _root_forest
+from ..graph import Graph, Step, contraction_steps, root_forest
 from ..potentials import Potentials
 
-__all__ = ["EnsembleSearch", "tree_kbest", "ensemble_map", "ensemble_search", "ensemble_union"]
+__all__ = ["EnsembleSearch", "cheapest_schedule", "tree_kbest", "ensemble_map", "ensemble_search", "ensemble_union"]
 
 _NEG = float("-inf")
 
@@ -78,8 +78,8 @@ def _build_kbest_schedule(graph: Graph, compress: bool) -> _KBestSchedule:
     parent = [-1] * (N + G)
     edge_code = [-1] * (N + G)
     children: list[list[int]] = [[] for _ in range(N + G)]
-    for t, e in enumerate(graph._edge_lists()):
-        p, pe, flip = _root_forest(n, e)
+    for t, e in enumerate(graph.edge_lists()):
+        p, pe, flip = root_forest(n, e)
         for v in range(n):
             s = t * n + v
             if p[v] >= 0:
@@ -107,7 +107,7 @@ def _build_kbest_schedule(graph: Graph, compress: bool) -> _KBestSchedule:
         binarise(s, children[s])
     as_long = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64))  # noqa: E731
     steps = []
-    for kind, node, par, child in _contraction_steps(np.asarray(parent), compress):
+    for kind, node, par, child in contraction_steps(np.asarray(parent), compress):
         if kind == "rake":  # at most two leaves per parent: the first of each parent, then the second
             first = np.zeros(len(node), dtype=bool)
             first[np.unique(par, return_index=True)[1]] = True
@@ -134,7 +134,7 @@ def _cost(sched: _KBestSchedule, B: int, K: int, k: int, device: torch.device) -
     return len(sched.steps) * _STEP_COST[kind] + work * _CANDIDATE_COST[kind]
 
 
-def _cheapest_schedule(graph: Graph, B: int, K: int, k: int, device: torch.device) -> _KBestSchedule:
+def cheapest_schedule(graph: Graph, B: int, K: int, k: int, device: torch.device) -> _KBestSchedule:
     """Rake+compress (O(log n) steps, O(n K^3 k log k) work) or rake-only (O(height) steps, O(n K^2 k log k)
     work), whichever the cost model prefers for this batch size, K and k; both are exact."""
     contract, levels = (graph.cached(("kbest", c), device, lambda c=c: _build_kbest_schedule(graph, c))
@@ -293,7 +293,7 @@ def tree_kbest(pot: Potentials, k: int, exclude: torch.Tensor | None = None) -> 
         raise ValueError(f"k must be a positive int, got {k!r}")
     pot.graph.require_forest("tree_kbest")
     g, batch = pot.graph, pot.batch_shape
-    sched = _cheapest_schedule(g, pot.batch_shape.numel(), pot.num_states, k + (exclude is not None), pot.device)
+    sched = cheapest_schedule(g, pot.batch_shape.numel(), pot.num_states, k + (exclude is not None), pot.device)
     y_hat = None if exclude is None else _exclude_rows(pot, exclude)
     kk = k if y_hat is None else k + 1
     with torch.no_grad():

@@ -47,9 +47,6 @@ class LPResult:
 
 def _constraints(graph: Graph, K: int) -> tuple[csr_matrix, np.ndarray]:
     """A_eq [n + 2EK, nK + EK^2], b_eq: normalisation rows, then both marginalisation blocks."""
-    key = ("lp_constraints", K)
-    if key in graph._cache:
-        return graph._cache[key]
     n, E = graph.num_nodes, graph.num_edges
     edges = graph.edges.numpy()
     nu = n * K
@@ -69,7 +66,6 @@ def _constraints(graph: Graph, K: int) -> tuple[csr_matrix, np.ndarray]:
     A = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                    shape=(n + 2 * E * K, nu + E * K * K)).tocsr()
     b_eq = np.concatenate([np.ones(n), np.zeros(2 * E * K)])
-    graph._cache[key] = (A, b_eq)
     return A, b_eq
 
 
@@ -118,7 +114,7 @@ def lp_map(pot: Potentials) -> LPResult:
     unary, pair = unary.reshape(B, n, K), pair.reshape(B, E, K, K)
     theta = torch.cat([unary.detach().reshape(B, n * K), pair.detach().reshape(B, E * K * K)], 1)  # B may be 0
     theta = theta.to("cpu", torch.float64).numpy()
-    A, b_eq = _constraints(g, K)
+    A, b_eq = g.cached(("lp_constraints", K), "cpu", lambda: _constraints(g, K))  # once per (graph, K)
     values, mus = np.zeros(B), np.zeros_like(theta)
     for k in range(B):
         values[k], mus[k] = _solve_one(theta[k], A, b_eq)

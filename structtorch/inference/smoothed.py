@@ -44,7 +44,7 @@ import torch
 from ..graph import Graph
 from ..potentials import Potentials
 from . import fused
-from .tree import _exp, _index_add_rows, _log_ge1
+from .tree import exp_serial, index_add_rows, log_ge1
 
 __all__ = ["SmoothedLPResult", "StarSchedule", "smoothed_lp", "star_schedule", "greedy_colouring"]
 
@@ -194,8 +194,8 @@ def _prune(unary: torch.Tensor, pair: torch.Tensor, edges: torch.Tensor
 # Internal layout is slot-major and batch-minor: messages [2E, K, B] (internal half-edge slots),
 # unary [n, K, B], pairwise [E, K, K, B]. Gathering a star's messages then copies contiguous
 # K * B blocks, and reductions over states are vectorised over the batch. As in tree.py, no op of
-# the sweeps opens an OpenMP parallel region for a small tensor (index_select, _index_add_rows,
-# _exp and _log_ge1 instead of advanced indexing, index_add and exp / log).
+# the sweeps opens an OpenMP parallel region for a small tensor (index_select, index_add_rows,
+# exp_serial and log_ge1 instead of advanced indexing, index_add and exp / log).
 def _lse(x: torch.Tensor, dim: int) -> torch.Tensor:
     """log-sum-exp over the state dim ``dim``, -inf safe (all -inf gives -inf, never NaN)."""
     if x.shape[dim] <= 4:  # a chain of fused binary ops is fastest for few states
@@ -205,12 +205,12 @@ def _lse(x: torch.Tensor, dim: int) -> torch.Tensor:
             out = torch.logaddexp(out, t)
         return out
     m = x.amax(dim, keepdim=True).clamp(min=torch.finfo(x.dtype).min)
-    return (_log_ge1(_exp(x - m).sum(dim, keepdim=True)) + m).squeeze(dim)
+    return (log_ge1(exp_serial(x - m).sum(dim, keepdim=True)) + m).squeeze(dim)
 
 
 def _safe_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
     """softmax over ``dim``; all -inf slices give zeros, not NaN."""
-    return torch.nan_to_num(_exp(x - _lse(x, dim).unsqueeze(dim)), nan=0.0)
+    return torch.nan_to_num(exp_serial(x - _lse(x, dim).unsqueeze(dim)), nan=0.0)
 
 
 def _internal(unary: torch.Tensor, pair: torch.Tensor, masks: tuple | None, eps: float | torch.Tensor
@@ -238,7 +238,7 @@ def _beliefs(uT: torch.Tensor, pT: torch.Tensor, lamT: torch.Tensor, sched: Star
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled beliefs b_i / eps [n, K, B] and b_e / eps [E, K, K, B] (eq. 9 before normalising)."""
     E, K, _, B = pT.shape
-    bn = _index_add_rows(uT.clone(), sched.slot_node, lamT)
+    bn = index_add_rows(uT.clone(), sched.slot_node, lamT)
     lam = lamT.index_select(0, sched.pos).view(E, 2, K, B)
     return bn, pT - lam[:, 0, :, None, :] - lam[:, 1, None, :, :]
 
@@ -261,7 +261,7 @@ def _sweep(lamT: torch.Tensor, blocks: list, guard: bool) -> None:
         if uc.shape[0] == 1:  # one node in this colour (dense graphs)
             new = m - (uc + m.sum(0, keepdim=True)) * inv
         else:
-            T = _index_add_rows(uc.clone(), c.seg, m)  # [V, K, B]: T = theta_i + sum_e m_e
+            T = index_add_rows(uc.clone(), c.seg, m)  # [V, K, B]: T = theta_i + sum_e m_e
             new = m - (T * inv).index_select(0, c.seg)  # eq. (10)
         if guard:  # pruned states: m = T = -inf; any finite message will do
             new = torch.where(torch.isfinite(m), new, 0.0)

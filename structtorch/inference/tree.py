@@ -18,8 +18,8 @@ The loops run many small tensor ops, so none of them may open an OpenMP parallel
 small tensor: with more than one torch thread on a busy machine, every such region waits for a
 descheduled worker (milliseconds). Hence rows are gathered with ``index_select`` and written
 with ``index_copy_`` (parallel only past torch's 32768-element grain, unlike advanced indexing),
-sums into rows go through ``_index_add_rows``, exp / log avoid MKL's threaded VML on CPU
-(``_exp``, ``_log_ge1``), and the max semiring reduces with ``amax`` (``max(dim)`` always opens a
+sums into rows go through ``index_add_rows``, exp / log avoid MKL's threaded VML on CPU
+(``exp_serial``, ``log_ge1``), and the max semiring reduces with ``amax`` (``max(dim)`` always opens a
 region) and recovers arguments only along the backtracked rows (``_first_argmax``).
 
 ``set_compile(True)`` (opt-in; off by default) runs the MAP, log Z and marginal passes through
@@ -43,26 +43,27 @@ from ..graph import Schedule
 from ..potentials import Potentials
 from . import fused
 
-__all__ = ["tree_map", "tree_logz", "tree_marginals", "tree_max_marginals", "tree_sample", "set_compile"]
+__all__ = ["tree_map", "tree_logz", "tree_marginals", "tree_max_marginals", "tree_sample", "set_compile",
+           "cheapest_schedule", "exp_serial", "index_add_rows", "log_ge1"]
 
 _LOG2E = 1.4426950408889634
 
 
 # ---------------------------------------------------------------------- thread-count independent primitives
-def _exp(x: torch.Tensor) -> torch.Tensor:
+def exp_serial(x: torch.Tensor) -> torch.Tensor:
     """exp(x), elementwise. On CPU as exp2(x log2 e): torch's float exp calls MKL's VML, which opens
     a parallel region for every call of >= 128 elements; the result differs by at most
     |x| * 2**-24 relatively (below float32 rounding for the non-positive, max-shifted x used here)."""
     return torch.exp2(x * _LOG2E) if x.device.type == "cpu" else x.exp()
 
 
-def _log_ge1(z: torch.Tensor) -> torch.Tensor:
+def log_ge1(z: torch.Tensor) -> torch.Tensor:
     """log(z) for z in {0} or [1, inf) (sums of max-shifted exps), as log1p(z - 1) on CPU: exact
     (z - 1 is exact there) and without MKL's threaded VML log."""
     return torch.log1p(z - 1) if z.device.type == "cpu" else z.log()
 
 
-def _index_add_rows(target: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+def index_add_rows(target: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     """target[index[i]] += source[i] along dim 0, in place and in index order; returns target.
 
     target [R, *S], index [I], source [I, *S]. ``index_add_`` on the first (or last) dim takes an
@@ -105,7 +106,7 @@ def _flat(pot: Potentials, op: str) -> tuple[torch.Tensor, torch.Tensor, Schedul
         raise TypeError(f"{op} expects a structtorch.Potentials, got {type(pot).__name__}")
     pot.graph.require_forest(op)
     batch = pot.batch_shape
-    sched = _cheapest_schedule(pot.graph, batch.numel(), pot.num_states, pot.device)
+    sched = cheapest_schedule(pot.graph, batch.numel(), pot.num_states, pot.device)
     u, p = pot.slots()
     return u.permute(1, 2, 0), p.permute(1, 2, 3, 0), sched, batch
 
@@ -123,7 +124,7 @@ def _cost(sched: Schedule, B: int, K: int, device: torch.device) -> float:
     return len(sched.steps) * _STEP_COST[kind] + work * _ELEMENT_COST[kind]
 
 
-def _cheapest_schedule(graph, B: int, K: int, device: torch.device) -> Schedule:
+def cheapest_schedule(graph, B: int, K: int, device: torch.device) -> Schedule:
     """Rake+compress (O(log n) steps, O(n K^3) work) or rake-only (O(height) steps, O(n K^2) work),
     whichever the cost model prefers for this batch size and K; both are exact."""
     contract = graph.schedule(device, compress=True)
@@ -223,20 +224,20 @@ def _contract(unary: torch.Tensor, pair: torch.Tensor, sched: Schedule, semiring
             out, cond = _lse_and_cond(full, 2) if keep else (_lse(full, 2), None)
             t = _Tape(cond=cond)
         if step.kind == "rake":
-            _index_add_rows(U, step.parent, out)
+            index_add_rows(U, step.parent, out)
         else:
             M.index_copy_(0, step.child, out)
         tape.append(t)
     root_u = U.index_select(0, sched.roots)
     per_root = root_u.amax(1) if semiring == "max" else _lse(root_u, 1)  # [R, B]
-    values = _index_add_rows(per_root.new_zeros(sched.num_groups, U.shape[2]), sched.root_group, per_root)
+    values = index_add_rows(per_root.new_zeros(sched.num_groups, U.shape[2]), sched.root_group, per_root)
     return values, U, tape
 
 
 def _lse(x: torch.Tensor, dim: int) -> torch.Tensor:
     """log-sum-exp over ``dim`` (all -inf slices give -inf)."""
     m = x.amax(dim, keepdim=True).clamp_min(torch.finfo(x.dtype).min)
-    return (_log_ge1(_exp(x - m).sum(dim, keepdim=True)) + m).squeeze(dim)
+    return (log_ge1(exp_serial(x - m).sum(dim, keepdim=True)) + m).squeeze(dim)
 
 
 def _lse_and_cond(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,9 +246,9 @@ def _lse_and_cond(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor
     All -inf slices give -inf and an all-zero conditional (never NaN).
     """
     m = x.amax(dim, keepdim=True).clamp_min(torch.finfo(x.dtype).min)
-    e = _exp(x - m)
+    e = exp_serial(x - m)
     z = e.sum(dim, keepdim=True)  # in {0} or [1, K]: the max contributes exp(0)
-    return (_log_ge1(z) + m).squeeze(dim), e / z.clamp_min(1.0)
+    return (log_ge1(z) + m).squeeze(dim), e / z.clamp_min(1.0)
 
 
 # ---------------------------------------------------------------------- backward passes

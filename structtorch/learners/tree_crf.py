@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from ..energies import LocalLinearEnergy
+from ..estimation import EDGE_SCORES, edge_scores, select_inputs
 from ..graph import Graph
-from ..structure import EDGE_SCORES, edge_scores, max_spanning_tree, select_inputs
+from ..structure import max_spanning_tree
 from .base import StructuredLearner
 
 __all__ = ["TreeCRF"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..graph import Graph
-from .spanning import _boruvka, _check_edge_tensor, _edges_on, _endpoints, max_spanning_tree
+from .spanning import check_edge_tensor, edges_on, endpoints, max_spanning_tree, spanning_forest
 
 __all__ = ["circuit_rank", "circuit_rank_penalty", "cccp_linearization"]
 
@@ -30,7 +30,7 @@ def circuit_rank(mask: torch.Tensor, g: Graph) -> torch.Tensor:
     (V, A), isolated nodes included; 0 iff A is a forest. Computed as |A| - |F| with F a
     spanning forest of A (|F| = n - c(A)).
     """
-    _check_edge_tensor(mask, g, "mask")
+    check_edge_tensor(mask, g, "mask")
     if mask.dtype != torch.bool:
         raise TypeError(f"mask must be a BoolTensor [*B, E], got {mask.dtype}")
     size = mask.sum(-1)
@@ -38,10 +38,10 @@ def circuit_rank(mask: torch.Tensor, g: Graph) -> torch.Tensor:
     if E == 0 or mask.numel() == 0:
         return size
     G = mask.numel() // E
-    ends = _edges_on(g, mask.device).reshape(-1, E, 2)  # [T, E, 2]
+    ends = edges_on(g, mask.device).reshape(-1, E, 2)  # [T, E, 2]
     sel = mask.reshape(-1).nonzero().squeeze(1)
-    src, dst = _endpoints(ends, sel, E, g.num_nodes)
-    forest = _boruvka(src, dst, sel, G * g.num_nodes)[0]  # any distinct keys: only |F| matters
+    src, dst = endpoints(ends, sel, E, g.num_nodes)
+    forest = spanning_forest(src, dst, sel, G * g.num_nodes)  # any distinct keys: only |F| matters
     # size of the spanning forest of each subset: count its edges per batch row
     owner = torch.div(sel[forest], E, rounding_mode="floor")
     count = torch.zeros(G, dtype=torch.long, device=mask.device)
@@ -74,7 +74,7 @@ def circuit_rank_penalty(pi: torch.Tensor, g: Graph) -> torch.Tensor:
     Returns [*B] (resp. [*B, T]). Differentiable: d f / d pi_e = 1 on edges outside T(pi),
     0 on tree edges (the Kruskal subgradient; T(pi) is locally constant).
     """
-    _check_edge_tensor(pi, g, "pi")
+    check_edge_tensor(pi, g, "pi")
     if not pi.is_floating_point():
         raise TypeError(f"pi must be a floating tensor [*B, E], got {pi.dtype}")
     if torch.isnan(pi).any():
@@ -92,7 +92,7 @@ def cccp_linearization(w_pair: torch.Tensor, g: Graph) -> torch.Tensor:
     part -max_T sum_{e in T} |w_e| of eq. (12), so beta * (||w||_1 - v^T w) upper-bounds
     beta * f(|w|), with equality at w = w_pair.
     """
-    _check_edge_tensor(w_pair, g, "w_pair")
+    check_edge_tensor(w_pair, g, "w_pair")
     if not w_pair.is_floating_point():
         raise TypeError(f"w_pair must be a floating tensor [*B, E], got {w_pair.dtype}")
     if torch.isnan(w_pair).any():

@@ -30,7 +30,8 @@ import torch
 
 from ..graph import Graph
 
-__all__ = ["max_spanning_tree", "uniform_spanning_tree", "random_spanning_trees", "spanning_forest"]
+__all__ = ["check_edge_tensor", "edge_keys", "edges_on", "endpoints", "max_spanning_tree", "random_spanning_trees",
+           "spanning_forest", "uniform_spanning_tree"]
 
 _LOW32 = (1 << 32) - 1
 _PREFIX_FACTOR = 4  # the filter prefix holds ~_PREFIX_FACTOR * n edges per graph
@@ -39,15 +40,12 @@ _CHUNK_GPU = 1 << 24
 
 
 # ---------------------------------------------------------------------- validation / layout
-def _edges_on(g: Graph, device: torch.device) -> torch.Tensor:
+def edges_on(g: Graph, device: torch.device) -> torch.Tensor:
     """g.edges ([E, 2] or [T, E, 2]) on ``device``, cached on the graph."""
-    key = ("structure_edges", str(device))
-    if key not in g._cache:
-        g._cache[key] = g.edges.to(device)
-    return g._cache[key]
+    return g.cached("structure_edges", device, lambda: g.edges)
 
 
-def _check_edge_tensor(x: torch.Tensor, g: Graph, name: str) -> None:
+def check_edge_tensor(x: torch.Tensor, g: Graph, name: str) -> None:
     """``x`` must be [*B, E] (single graph) or [*B, T, E] (ensemble of T graphs)."""
     if not isinstance(g, Graph):
         raise TypeError(f"g must be a structtorch.Graph, got {type(g).__name__}")
@@ -62,7 +60,7 @@ def _check_edge_tensor(x: torch.Tensor, g: Graph, name: str) -> None:
         raise ValueError(f"{name} must have shape {expected}, got {tuple(x.shape)}")
 
 
-def _endpoints(ends: torch.Tensor, idx: torch.Tensor, E: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def endpoints(ends: torch.Tensor, idx: torch.Tensor, E: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Endpoints of the edges ``idx`` [M] of a batch of G graphs flattened to [G * E].
 
     ends: LongTensor [T, E, 2] (row r of the batch is graph r % T); node v of row r becomes
@@ -77,7 +75,7 @@ def _endpoints(ends: torch.Tensor, idx: torch.Tensor, E: int, n: int) -> tuple[t
 
 
 # ---------------------------------------------------------------------- edge keys
-def _edge_keys(w: torch.Tensor, eid: torch.Tensor, num_ids: int) -> torch.Tensor:
+def edge_keys(w: torch.Tensor, eid: torch.Tensor, num_ids: int) -> torch.Tensor:
     """int64 keys [M] for the edges ``eid`` [M] (increasing, all < num_ids) with weights ``w`` [M].
 
     Smaller key = larger weight, ties by lower edge id; keys are only compared between edges of
@@ -169,8 +167,8 @@ def _max_forest_flat(w: torch.Tensor, ends: torch.Tensor, n: int) -> torch.Tenso
     k = _PREFIX_FACTOR * n
     if E <= 2 * k:
         e0 = torch.arange(G * E, device=w.device)
-        s0, d0 = _endpoints(ends, e0, E, n)
-        out[_boruvka(s0, d0, _edge_keys(flat, e0, G * E), N)[0]] = True
+        s0, d0 = endpoints(ends, e0, E, n)
+        out[_boruvka(s0, d0, edge_keys(flat, e0, G * E), N)[0]] = True
         return out
     # rows are processed in chunks of ~_CHUNK_* edges: bounded, cache-friendly temporaries
     chunk = max(1, (_CHUNK_CPU if w.device.type == "cpu" else _CHUNK_GPU) // E)
@@ -190,8 +188,8 @@ def _max_forest_flat(w: torch.Tensor, ends: torch.Tensor, n: int) -> torch.Tenso
         prefix[r0:r0 + chunk] = pc
         parts.append(pc.reshape(-1).nonzero().squeeze(1) + r0 * E)
     e1 = torch.cat(parts)
-    s1, d1 = _endpoints(ends, e1, E, n)
-    t1, comp = _boruvka(s1, d1, _edge_keys(flat.index_select(0, e1), e1, G * E), N)
+    s1, d1 = endpoints(ends, e1, E, n)
+    t1, comp = _boruvka(s1, d1, edge_keys(flat.index_select(0, e1), e1, G * E), N)
     out[e1[t1]] = True
     # filter: the edges outside the prefix that join two components of F1
     keep_e, keep_u, keep_v = [], [], []
@@ -215,7 +213,7 @@ def _max_forest_flat(w: torch.Tensor, ends: torch.Tensor, n: int) -> torch.Tenso
     e2 = torch.cat(keep_e)
     if e2.numel():
         t2, _ = _boruvka(torch.cat(keep_u), torch.cat(keep_v),
-                         _edge_keys(flat.index_select(0, e2), e2, G * E), N)
+                         edge_keys(flat.index_select(0, e2), e2, G * E), N)
         out[e2[t2]] = True
     return out
 
@@ -232,7 +230,7 @@ def max_spanning_tree(weights: torch.Tensor, g: Graph) -> torch.Tensor:
     iff it joins two components. On a disconnected graph this is a spanning forest with
     n - c(g) edges.
     """
-    _check_edge_tensor(weights, g, "weights")
+    check_edge_tensor(weights, g, "weights")
     w = weights.detach()
     if w.dtype == torch.bool:
         w = w.to(torch.uint8)
@@ -242,7 +240,7 @@ def max_spanning_tree(weights: torch.Tensor, g: Graph) -> torch.Tensor:
     E = g.num_edges
     if E == 0 or w.numel() == 0:
         return torch.zeros(shape, dtype=torch.bool, device=w.device)
-    ends = _edges_on(g, w.device).reshape(-1, E, 2)  # [T, E, 2]
+    ends = edges_on(g, w.device).reshape(-1, E, 2)  # [T, E, 2]
     return _max_forest_flat(w.reshape(-1, E), ends, g.num_nodes).reshape(shape)
 
 

@@ -13,7 +13,7 @@ log P(T_r = c | x_{n, C_r}) [R, N, C] at every training example, by one of two e
   for large ones such as global inputs; chunked over regressions to bound memory), then each
   regression keeps its best value's whole-data fit.
 
-Subsets are LongTensors [R, P] of column indices padded with -1.
+Subsets are LongTensors [R, P] of column indices padded with -1 (``energies.local.pad_subsets``).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import math
 
 import torch
 
-from ..data.datamodule import fold_assignment
-from ..energies.local import pad_subsets
+from ..folds import fold_assignment
 from ..solvers.lbfgs import BatchedLBFGS
 from ..solvers.proximal import BatchedFISTA
 
-__all__ = ["LAMBDA_GRID", "conditional_log_probs", "fit_logistic", "select_inputs", "pad_subsets"]
+__all__ = ["LAMBDA_GRID", "conditional_log_probs", "fit_logistic", "logistic_cv_log_probs", "select_inputs",
+           "table_log_probs"]
 
 #: parameters per regression up to which ``fit_logistic`` uses Newton's method (L-BFGS above)
 NEWTON_MAX_PARAMS = 1024

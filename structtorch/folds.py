@@ -1,0 +1,41 @@
+"""Seeded splits of range(n) into training / validation sets and k folds (core: torch only).
+
+``structtorch.data`` re-exports them; the engine and the estimation layer take their folds from here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["fold_assignment", "kfold_indices", "train_val_indices"]
+
+
+def train_val_indices(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded random split of range(n): (train_idx, val_idx), each sorted, val of size
+    round(val_fraction * n) (at least 1 when val_fraction > 0, and leaving at least 1 for training)."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must lie in [0, 1), got {val_fraction}")
+    if n < 1:
+        raise ValueError("cannot split an empty training set into train and validation")
+    n_val = 0 if val_fraction == 0 else min(n - 1, max(1, round(val_fraction * n)))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return perm[n_val:].sort().values, perm[:n_val].sort().values
+
+
+def kfold_indices(n: int, num_folds: int, fold: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold ``fold`` of a seeded k-fold partition of range(n): (rest_idx, fold_idx), each sorted.
+
+    The k folds are disjoint, cover range(n), and differ in size by at most one.
+    """
+    if isinstance(num_folds, bool) or not isinstance(num_folds, int) or not 2 <= num_folds <= n:
+        raise ValueError(f"num_folds must be an int in [2, n={n}], got {num_folds!r}")
+    if isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < num_folds:
+        raise ValueError(f"fold must be an int in [0, num_folds={num_folds}), got {fold!r}")
+    in_fold = fold_assignment(n, num_folds, seed) == fold
+    return in_fold.logical_not().nonzero().squeeze(1), in_fold.nonzero().squeeze(1)
+
+
+def fold_assignment(n: int, num_folds: int, seed: int) -> torch.Tensor:
+    """The fold [n] (long, in [0, num_folds)) of each of n examples: a seeded balanced partition."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return torch.empty(n, dtype=torch.long).index_put_((perm,), torch.arange(n) % num_folds)
