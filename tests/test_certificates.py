@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from structtorch import Graph, Potentials
 from structtorch.data import sparse_multilabel
-from structtorch.data.datamodule import _indexed
+from structtorch.data.datamodule import indexed_dataset
 from structtorch.energies import Energy, FinleyJoachimsEnergy, LinearTableEnergy, TreeEnsembleEnergy
 from structtorch.inference import brute_force_kbest, brute_force_map, lp_map
 from structtorch.inference.kbest import ensemble_search, ensemble_union
@@ -164,7 +164,7 @@ def test_rta_on_medical_shaped_data_never_stops_on_a_negative_gap(tmp_path):
     converged."""
     x, y = sparse_multilabel(120, num_features=600, num_labels=40, seed=1)
     model = RTA(x.shape[1], y.shape[1])  # defaults: 10 trees, K 8 doubling to 32
-    loader = torch.utils.data.DataLoader(_indexed(x, y), batch_size=50, shuffle=True)
+    loader = torch.utils.data.DataLoader(indexed_dataset(x, y), batch_size=50, shuffle=True)
 
     class Data(L.LightningDataModule):
         train_tensors = (x, y)

@@ -10,17 +10,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: private imports in modules that are being rewritten elsewhere (learners/, solvers/bcfw.py, solvers/smoothing.py,
-#: train.py): (importing file, name). Remove an entry once its importer uses a public name.
-PENDING = {
-    ("structtorch/learners/crank.py", "_training_tensors"),
-    ("structtorch/learners/logistic.py", "_GRADIENT"),
-    ("structtorch/learners/logistic.py", "_training_tensors"),
-    ("structtorch/solvers/smoothing.py", "_check_lam"),
-    ("structtorch/solvers/smoothing.py", "_check_mask"),
-}
-
-
 def is_private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
@@ -49,4 +38,4 @@ def test_engine_loads_no_lightning_torchmetrics_or_hydra():
 def test_no_module_imports_private_names_of_another():
     found = {(str(path.relative_to(REPO)), name) for path in sorted((REPO / "structtorch").rglob("*.py"))
              for name in private_imports(path)}
-    assert found - PENDING == set()
+    assert found == set()

@@ -16,14 +16,14 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from ..folds import fold_assignment, kfold_indices, train_val_indices
+from ..folds import kfold_indices, train_val_indices
 from .download import fetch_mulan, mulan_datasets, mulan_files
 from .mulan import load_mulan_splits
 from .synthetic import crank_synthetic
 from .tree_crf_synthetic import tree_crf_synthetic
 
 __all__ = ["EpochShuffle", "MultilabelDataModule", "Shard", "Standardizer", "SyntheticDataModule",
-           "TreeCRFSyntheticDataModule", "fold_assignment", "indexed_dataset", "kfold_indices", "train_val_indices"]
+           "TreeCRFSyntheticDataModule", "indexed_dataset"]
 
 
 @dataclass

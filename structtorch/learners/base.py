@@ -21,8 +21,8 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from ..data.datamodule import fold_assignment
 from ..energies import Energy
+from ..folds import fold_assignment
 from ..graph import Graph
 from ..inference import tree_kbest, tree_map
 from ..losses import crf_nll, map_value, smoothed_lp_hinge, structured_hinge, zero_one_hinge

@@ -222,8 +222,8 @@ class BCFW:
         self._bias_scale = [1.0 / bias_reg if n.endswith("bias") else 1.0 for n, _ in energy.named_parameters()]
         ref = self.params[0]
         M = 1 if self.num_models is None else self.num_models
-        self.lam = _check_lam(lam, M, ref)
-        self.mask = _check_mask(mask, M, num_examples, ref.device)
+        self.lam = check_lam(lam, M, ref)
+        self.mask = check_mask(mask, M, num_examples, ref.device)
         self.count = self.mask.sum(1).to(ref.dtype)  # N_m
         self.scale = 1.0 / (self.lam * self.count)  # s_m = 1 / (lambda_m N_m)
         self.num_comp, self.node_comp = _components(energy.graph, ref.device)
@@ -620,7 +620,7 @@ def _components(graph: Graph, device: torch.device) -> tuple[int, torch.Tensor]:
     return int(C), torch.as_tensor(labels, dtype=torch.long, device=device)
 
 
-def _check_lam(lam: float | torch.Tensor, M: int, ref: torch.Tensor) -> torch.Tensor:
+def check_lam(lam: float | torch.Tensor, M: int, ref: torch.Tensor) -> torch.Tensor:
     t = torch.as_tensor(lam, dtype=ref.dtype, device=ref.device)
     if t.dim() == 0:
         t = t.expand(M).clone()
@@ -631,7 +631,7 @@ def _check_lam(lam: float | torch.Tensor, M: int, ref: torch.Tensor) -> torch.Te
     return t
 
 
-def _check_mask(mask: torch.Tensor | None, M: int, N: int, device: torch.device) -> torch.Tensor:
+def check_mask(mask: torch.Tensor | None, M: int, N: int, device: torch.device) -> torch.Tensor:
     if mask is None:
         return torch.ones(M, N, dtype=torch.bool, device=device)
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:

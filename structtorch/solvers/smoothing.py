@@ -38,7 +38,7 @@ from ..inference import smoothed_lp, tree_logz, tree_map
 from ..potentials import Potentials
 from ..structure.circuit_rank import circuit_rank
 from ..structure.spanning import max_spanning_tree
-from .bcfw import _check_lam, _check_mask, lift_models, one_hot_marginals
+from .bcfw import check_lam, check_mask, lift_models, one_hot_marginals
 from .certificate import GapInfo, certificate
 from .lbfgs import BatchedLBFGS
 
@@ -211,8 +211,8 @@ class SmoothedHinge:
         ref = self.params[0]
         self._reg_weight = [bias_reg if n.endswith("bias") else 1.0 for n, _ in named]
         M = 1 if self.num_models is None else self.num_models
-        self.lam = _check_lam(lam, M, ref)
-        self.mask = _check_mask(mask, M, x.shape[0], ref.device).to(ref.dtype)
+        self.lam = check_lam(lam, M, ref)
+        self.mask = check_mask(mask, M, x.shape[0], ref.device).to(ref.dtype)
         self.count = self.mask.sum(1)
         with torch.no_grad():
             pot = energy(self.x[:1])
