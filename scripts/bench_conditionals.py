@@ -37,8 +37,7 @@ from sklearn.linear_model import LogisticRegression
 from threadpoolctl import threadpool_limits
 
 from structtorch import Graph
-from structtorch.data import load_mulan_splits, tree_crf_synthetic
-from structtorch.data.datamodule import fold_assignment
+from structtorch.data import fold_assignment, load_mulan_splits, tree_crf_synthetic
 from structtorch.energies.local import pair_inputs
 from structtorch.structure import LAMBDA_GRID, select_inputs
 from structtorch.structure.conditionals import logistic_cv_log_probs, pad_subsets

@@ -11,6 +11,7 @@ from .datamodule import (
     Standardizer,
     SyntheticDataModule,
     TreeCRFSyntheticDataModule,
+    fold_assignment,
     kfold_indices,
     train_val_indices,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "denoising_images",
     "fetch_mulan",
     "fill_cache_from",
+    "fold_assignment",
     "kfold_indices",
     "load_arff",
     "load_mulan",

@@ -22,7 +22,7 @@ from .synthetic import crank_synthetic
 from .tree_crf_synthetic import tree_crf_synthetic
 
 __all__ = ["EpochShuffle", "MultilabelDataModule", "Shard", "Standardizer", "SyntheticDataModule",
-           "TreeCRFSyntheticDataModule", "kfold_indices", "train_val_indices"]
+           "TreeCRFSyntheticDataModule", "fold_assignment", "kfold_indices", "train_val_indices"]
 
 
 @dataclass
