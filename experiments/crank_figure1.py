@@ -51,8 +51,8 @@ PAPER_FINDING = ("Paper (Fig. 1): the structured models do significantly better 
                  "structured models.")
 
 
-def overrides(model: str, size: int, rep: int, l2: float) -> list[str]:
-    """The run's Hydra overrides."""
+def run_overrides(model: str, size: int, rep: int, l2: float) -> list[str]:
+    """The Hydra overrides of one run."""
     return ["+experiment=crank_table1", f"model={model}", "data=synthetic", f"data.num_train={size}",
             "data.num_test=1000", f"data.seed={rep}", f"model.l2={l2}", "model.spin=false", "data.val_fraction=0",
             "trainer.max_epochs=200"]
@@ -107,8 +107,7 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help="keep <out>_runs.csv's runs, run only the missing ones")
     args = ap.parse_args()
     out = Path(args.out)
-    runs_csv = out.parent / (out.name + "_runs.csv")
-    rows: list[dict] = read_rows(runs_csv) if args.resume else []
+    rows: list[dict] = read_rows(out.parent / (out.name + "_runs.csv")) if args.resume else []
     done = {(r["size"], r["rep"], r["model"]) for r in rows}
     try:
         for rep in range(args.reps):  # repetitions outermost: a stopped job keeps whole curves
@@ -117,9 +116,9 @@ def main() -> None:
                 for model in args.models:
                     if (size, rep, MODELS[model]) in done:
                         continue
-                    run = overrides(model, size, rep, args.l2)
-                    truth = truth or true_tree(run)  # same data.seed: the same tree for every model
-                    rows.append(row(model, size, rep, args.l2, run_config(run), truth))
+                    o = run_overrides(model, size, rep, args.l2)
+                    truth = truth or true_tree(o)  # same data.seed: the same tree for every model
+                    rows.append(row(model, size, rep, args.l2, run_config(o), truth))
                     print({k: v for k, v in rows[-1].items() if k not in ("tree", "true tree")}, flush=True)
                     write(rows, out, final=False)  # after every run: a long job keeps what it has measured
     finally:

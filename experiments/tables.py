@@ -1,5 +1,6 @@
-"""Result tables of the experiments: one list of row dicts -> <out>.csv and a markdown <out>.md; per-group
-means with 2 standard errors, and their curves as a PNG."""
+"""Result tables of the experiments (their one writer): one list of row dicts -> <out>.csv and a markdown <out>.md,
+markdown tables for footers, the cells the tables share (accuracies in %, CV curves); per-group means with 2 standard
+errors, and their curves as a PNG."""
 
 from __future__ import annotations
 
