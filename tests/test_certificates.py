@@ -160,7 +160,8 @@ def test_rta_on_medical_shaped_data_never_stops_on_a_negative_gap(tmp_path):
     """Many labels (most with 0-3 positives), sparse binary features, few examples: the K-best searches are
     mostly uncertified. The oracle used to return the best candidate found (below the max): after two epochs the
     primal was -0.43 against a dual of 0.43, the gap divided by a clamped primal (-7.3e37) counted as converged
-    and training stopped. Now the primal is Lemma 7's upper bound and the gap a certificate: P >= D, and not converged."""
+    and training stopped. Now the primal is Lemma 7's upper bound and the gap a certificate: P >= D, and not
+    converged."""
     x, y = sparse_multilabel(120, num_features=600, num_labels=40, seed=1)
     model = RTA(x.shape[1], y.shape[1])  # defaults: 10 trees, K 8 doubling to 32
     loader = torch.utils.data.DataLoader(_indexed(x, y), batch_size=50, shuffle=True)
