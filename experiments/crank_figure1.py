@@ -34,56 +34,52 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import tempfile
 from pathlib import Path
 
 from crank_table1 import MODELS
-from hydra import compose, initialize_config_dir
-from tables import plot_curves, read_rows, summarize, write_table
+from runner import ROOT, compose_config, run_config
+from tables import SCORES, percents, plot_curves, read_rows, summarize, write_table
 
+from structtorch import Graph
 from structtorch.data import crank_synthetic
-from structtorch.train import run
+from structtorch.metrics import edge_recovery
 
-ROOT = Path(__file__).resolve().parents[1]
 NO_TREE = {"full", "independent"}  # no edge recovery: Full is the complete graph, Empty has no edges
-METRICS = {"hamming_acc": "Hamming", "subset_acc": "0/1", "example_f1": "F1"}
+METRICS = dict(zip(SCORES, ("Hamming", "0/1", "F1")))
 PAPER_FINDING = ("Paper (Fig. 1): the structured models do significantly better than Empty; Full, Greedy and "
                  "CRANK are comparable (slight advantage CRANK); Project and MST do much worse than the other "
                  "structured models.")
 
 
-def config(model: str, size: int, rep: int, l2: float):
-    overrides = ["+experiment=crank_table1", f"model={model}", "data=synthetic", f"data.num_train={size}",
-                 "data.num_test=1000", f"data.seed={rep}", f"model.l2={l2}", "model.spin=false",
-                 "data.val_fraction=0", "logger=none", "trainer.max_epochs=200", "trainer.enable_progress_bar=false",
-                 "trainer.enable_checkpointing=false"]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=overrides)
+def run_overrides(model: str, size: int, rep: int, l2: float) -> list[str]:
+    """The Hydra overrides of one run."""
+    return ["+experiment=crank_table1", f"model={model}", "data=synthetic", f"data.num_train={size}",
+            "data.num_test=1000", f"data.seed={rep}", f"model.l2={l2}", "model.spin=false", "data.val_fraction=0",
+            "trainer.max_epochs=200"]
 
 
-def true_edges(cfg) -> set[tuple[int, int]]:
-    """The true tree's edges (i < j) of the run's data, drawn as ``SyntheticDataModule._load`` draws them."""
-    d = cfg.data
-    data = crank_synthetic(d.num_train, d.num_test, d.num_labels, d.num_features, seed=d.seed,
-                           pairwise_scale=d.pairwise_scale)
-    return {(min(a, b), max(a, b)) for a, b in data.tree.edges.tolist()}
+def true_tree(overrides: list[str]) -> Graph:
+    """The true tree of the run's data, drawn as ``SyntheticDataModule._load`` draws it."""
+    d = compose_config(overrides).data
+    return crank_synthetic(d.num_train, d.num_test, d.num_labels, d.num_features, seed=d.seed,
+                           pairwise_scale=d.pairwise_scale).tree
 
 
-def edge_recovery(structure: dict, truth: set[tuple[int, int]]) -> float:
-    learned = {tuple(sorted((int(a[1:]), int(b[1:])))) for a, b, _ in structure["edges"]}  # names "y0".."y9"
-    return len(learned & truth) / len(truth)
+def recovery(structure: dict, truth: Graph) -> float:
+    """The fraction of the true tree's edges in a run's learned structure (``metrics.edge_recovery``'s recall)."""
+    learned = Graph(truth.num_nodes, [[int(a[1:]), int(b[1:])] for a, b, _ in structure["edges"]])  # "y0".."y9"
+    return round(edge_recovery(learned, truth)["recall"], 3)
 
 
-def row(model: str, size: int, rep: int, l2: float, m: dict, truth: set[tuple[int, int]]) -> dict:
+def row(model: str, size: int, rep: int, l2: float, m: dict, truth: Graph) -> dict:
     structure = m["structure"]
     forest = model not in NO_TREE and structure["is_forest"]
-    return {"size": size, "rep": rep, "model": MODELS[model], "l2": l2,
-            **{k: round(100 * m[f"test/{k}"], 2) for k in METRICS},
-            "edge recovery": round(edge_recovery(structure, truth), 3) if forest else "",
+    return {"size": size, "rep": rep, "model": MODELS[model], "l2": l2, **percents(m, "test/"),
+            "edge recovery": recovery(structure, truth) if forest else "",
             "edges": structure["num_edges"], "converged": m["solver"].get("converged"),
             "train s": round(m["train_seconds"], 1), "test s": round(m["test_seconds"], 3),
             "tree": " ".join(f"{a}~{b}" for a, b, _ in structure["edges"]) if forest else "",
-            "true tree": " ".join(f"y{a}~y{b}" for a, b in sorted(truth))}
+            "true tree": " ".join(f"y{a}~y{b}" for a, b in sorted((min(e), max(e)) for e in truth.edges.tolist()))}
 
 
 def write(rows: list[dict], out: Path, final: bool) -> None:
@@ -111,8 +107,7 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help="keep <out>_runs.csv's runs, run only the missing ones")
     args = ap.parse_args()
     out = Path(args.out)
-    runs_csv = out.parent / (out.name + "_runs.csv")
-    rows: list[dict] = read_rows(runs_csv) if args.resume and runs_csv.exists() else []
+    rows: list[dict] = read_rows(out.parent / (out.name + "_runs.csv")) if args.resume else []
     done = {(r["size"], r["rep"], r["model"]) for r in rows}
     try:
         for rep in range(args.reps):  # repetitions outermost: a stopped job keeps whole curves
@@ -121,10 +116,9 @@ def main() -> None:
                 for model in args.models:
                     if (size, rep, MODELS[model]) in done:
                         continue
-                    cfg = config(model, size, rep, args.l2)
-                    truth = truth or true_edges(cfg)  # same data.seed: the same tree for every model
-                    with tempfile.TemporaryDirectory() as tmp:
-                        rows.append(row(model, size, rep, args.l2, run(cfg, Path(tmp)), truth))
+                    o = run_overrides(model, size, rep, args.l2)
+                    truth = truth or true_tree(o)  # same data.seed: the same tree for every model
+                    rows.append(row(model, size, rep, args.l2, run_config(o), truth))
                     print({k: v for k, v in rows[-1].items() if k not in ("tree", "true tree")}, flush=True)
                     write(rows, out, final=False)  # after every run: a long job keeps what it has measured
     finally:

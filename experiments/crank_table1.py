@@ -31,14 +31,12 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
-from tables import merge_rows, read_rows, write_table
+from runner import ROOT, choose_by_cv, run_config, run_folds
+from tables import curve, markdown, merge_rows, percents, read_rows, write_table
 
 from structtorch.data import Standardizer, load_mulan_splits
 from structtorch.learners import LEARNERS
-from structtorch.train import run
 
-ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"crank": "CRANK", "full": "Full", "greedy": "Greedy", "project": "Project", "mst": "MST",
           "independent": "Empty"}
 PAPER = {  # Table 1, Hamming / 0-1 / example F1 (%)
@@ -61,18 +59,10 @@ L2_GRID = [0.01, 0.03, 0.1, 0.3, 1.0]  # baselines_mulan's grid
 MAX_LABELS = {"medical": 10}  # the paper's Medical: its 10 most frequent labels
 
 
-def run_cli(overrides: list[str], out: Path) -> dict:
-    """``structtorch.train.run`` on the composed config (no logger, no progress bar): its metrics."""
-    overrides = [*overrides, "data.val_fraction=0", "logger=none", "trainer.enable_progress_bar=false"]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    return run(cfg, out)
-
-
 def shared_overrides(data: str, max_labels: int | None, fused: bool, spin: bool) -> list[str]:
-    """The overrides every run on a dataset shares (the CV runs and the cells): the data, its label cap, the
-    fused kernels on or off, the pairwise parametrisation."""
-    return ([f"data={data}", f"fused={str(fused).lower()}", f"model.spin={str(spin).lower()}"]
+    """The overrides every run on a dataset shares (the CV runs and the cells): the data (the whole training split,
+    no validation split), its label cap, the fused kernels on or off, the pairwise parametrisation."""
+    return ([f"data={data}", "data.val_fraction=0", f"fused={str(fused).lower()}", f"model.spin={str(spin).lower()}"]
             + ([f"data.max_labels={max_labels}"] if max_labels else []))
 
 
@@ -81,27 +71,20 @@ def cell(model: str, dataset: list[str], l2: float) -> list[str]:
     return ["+experiment=crank_table1", f"model={model}", *dataset, f"model.l2={l2}", "trainer.max_epochs=200"]
 
 
-def l2_by_cv(dataset: list[str], out: Path) -> float:
+def l2_by_cv(dataset: list[str]) -> float:
     """FixedTree's 5-fold CV choice of l2 on the training file (``L2_GRID`` as one batched model), as in
     ``baselines_mulan.py``."""
     grid = ",".join(map(str, L2_GRID))
-    m = run_cli(["model=fixed_tree", *dataset, f"model.l2=[{grid}]", "model.cv_folds=5", "trainer.max_epochs=1000",
-                 "trainer.enable_checkpointing=false"], out)
+    m = run_config(["model=fixed_tree", *dataset, f"model.l2=[{grid}]", "model.cv_folds=5", "trainer.max_epochs=1000"])
     return float(m["cv"]["chosen_l2"])
 
 
-def l2_by_model_cv(model: str, dataset: list[str], out: Path, grid: list[float], folds: int = 5
-                   ) -> tuple[float, str]:
+def l2_by_model_cv(model: str, dataset: list[str], grid: list[float], folds: int = 5) -> tuple[float, str]:
     """The model's own l2 by ``folds``-fold CV on the training file (one run per l2 of ``grid`` and fold,
     Hamming accuracy on the held-out fold; the first best on ties): (l2, its CV curve "l2:acc ...")."""
-    cv = []
-    for lam in grid:
-        accs = [run_cli([*cell(model, dataset, lam), f"data.num_folds={folds}", f"data.fold={k}",
-                         "data.fold_pool=train", "trainer.enable_checkpointing=false"],
-                        out / f"{lam}-{k}")["test/hamming_acc"] for k in range(folds)]
-        cv.append(100 * sum(accs) / folds)
-    best = max(range(len(cv)), key=lambda i: (cv[i], -i))
-    return grid[best], " ".join(f"{lam:g}:{acc:.2f}" for lam, acc in zip(grid, cv))
+    lam, cv = choose_by_cv(grid, lambda lam: [m["test/hamming_acc"] for m in run_folds(
+        [*cell(model, dataset, lam), "data.fold_pool=train"], folds)])
+    return lam, curve(grid, [100 * acc for acc in cv])
 
 
 def time_predictions(runs: dict[str, Path], data: str, max_labels: int | None, repeats: int = 7
@@ -141,8 +124,7 @@ def row(model: str, data: str, l2: float, m: dict, paper_labels: bool = True) ->
     name = MODELS[model]
     structure = m["structure"]
     paper = PAPER[name].get(data, "") if paper_labels else ""
-    return {"dataset": data, "model": name, "l2": l2,
-            **{k: round(100 * m[f"test/{k}"], 2) for k in ("hamming_acc", "subset_acc", "example_f1")},
+    return {"dataset": data, "model": name, "l2": l2, **percents(m, "test/"),
             "paper H / 0-1 / F1": paper if isinstance(paper, str) else " / ".join(map(str, paper)),
             "edges": structure["num_edges"], "forest": structure["is_forest"],
             "converged": m["solver"].get("converged"), "train s": round(m["train_seconds"], 1),
@@ -173,18 +155,18 @@ def main() -> None:
         dataset = shared_overrides(data, L, args.fused, args.pairwise == "spin")
         with tempfile.TemporaryDirectory() as tmp:
             if str(l2.get(data, "cv")) == "cv":
-                l2[data] = l2_by_cv(dataset, Path(tmp) / "cv")
+                l2[data] = l2_by_cv(dataset)
                 print(f"{data}: l2 = {l2[data]} (FixedTree's 5-fold CV on the training file)", flush=True)
             runs = {}
             for model in args.models:
                 runs[model] = Path(tmp) / model
                 if l2[data] == "cv-model":
-                    lam, curve = l2_by_model_cv(model, dataset, Path(tmp) / f"cv-{model}", args.grid)
+                    lam, cv = l2_by_model_cv(model, dataset, args.grid)
                 else:
-                    lam, curve = float(l2[data]), ""
-                metrics = run_cli(cell(model, dataset, lam), runs[model])
+                    lam, cv = float(l2[data]), ""
+                metrics = run_config(cell(model, dataset, lam), runs[model])
                 rows.append({**row(model, data, lam, metrics, paper_labels=L == MAX_LABELS.get(data)),
-                             "l2 CV (Hamming %)": curve})
+                             "l2 CV (Hamming %)": cv})
                 print(rows[-1], flush=True)
                 write(merge_rows(kept, rows, list(MODELS.values())), out)  # a long run keeps what it has measured
             seconds = time_predictions(runs, data, L)
@@ -208,17 +190,17 @@ def table2(rows: list[dict]) -> list[str]:
     """Table 2: each model's train and test time relative to Full's on the same dataset (same run); test
     time also relative to Full predicting with the exact LP solver (the paper's protocol)."""
     full = {r["dataset"]: r for r in rows if r["model"] == "Full" and r.get("LP test s")}
-    lines = [f"| {r['dataset']} | {r['model']} | {r['train s'] / f['train s']:.2f} | {r['test s']:.4f} | "
-             f"{r['test s'] / f['test s']:.3f} | {r['test s'] / f['LP test s']:.4f} | "
-             f"{PAPER_TABLE2.get(r['model'], '')} |"
+    cells = [[r["dataset"], r["model"], f"{r['train s'] / f['train s']:.2f}", f"{r['test s']:.4f}",
+              f"{r['test s'] / f['test s']:.3f}", f"{r['test s'] / f['LP test s']:.4f}",
+              PAPER_TABLE2.get(r["model"], "")]
              for r in rows if (f := full.get(r["dataset"])) is not None and r["test s"] != ""]
-    if not lines:
+    if not cells:
         return []
     return ["", f"Table 2: time relative to Full in the same run (test = predicting the whole test file, one "
             f"thread, best of 7; Full predicts with the smoothed LP; its exact-LP time (lp_map, the paper's "
             f"protocol): {', '.join(str(f['LP test s']) + ' s on ' + d for d, f in full.items())}):", "",
-            "| dataset | model | train / Full | test s | test / Full | test / Full (LP solver) | "
-            "paper yeast train / test |", "|---|---|---|---|---|---|---|", *lines]
+            *markdown(["dataset", "model", "train / Full", "test s", "test / Full", "test / Full (LP solver)",
+                       "paper yeast train / test"], cells)]
 
 
 if __name__ == "__main__":

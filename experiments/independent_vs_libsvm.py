@@ -21,13 +21,12 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
+from runner import ROOT
 from sklearn.svm import SVC
 from tables import write_table
 
 from structtorch.data import MultilabelDataModule
 from structtorch.learners import Independent
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def objective(x: torch.Tensor, y: torch.Tensor, W: torch.Tensor, b: torch.Tensor, lam: float) -> float:

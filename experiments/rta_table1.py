@@ -25,19 +25,17 @@ written to ``<out>_figure1.{csv,md,png}``.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import tempfile
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
-from tables import write_table
+from runner import ROOT, compose_config, run_config, run_folds
+from tables import mean_sd, merge_rows, read_rows, write_table
 
 from structtorch.learners import RTA
-from structtorch.train import build_datamodule, run
+from structtorch.train import build_datamodule
 
-ROOT = Path(__file__).resolve().parents[1]
 #: paper Table 1 (5-fold CV, %): microlabel loss and 0/1 loss of SVM, MAM, RTA, and the best other method
 PAPER = {
     "emotions": {"svm": (22.4, 77.8), "mam": (19.5, 69.6), "rta": (18.8, 66.3), "best other": "MAM 19.5 / MAM 69.6"},
@@ -52,16 +50,9 @@ FIGURE_TREES = (5, 10, 40)
 FIGURE_K = (2, 4, 8, 16, 32, 40, 60)  # the paper's K values
 
 
-def compose_run(overrides: list[str], out: Path) -> dict:
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    return run(cfg, out)
-
-
-def cell_overrides(model: str, data: str, fold: int, args) -> list[str]:
-    o = [f"model={MODELS[model]}", f"data={data}", f"data.num_folds={args.folds}", f"data.fold={fold}",
-         "data.val_fraction=0", f"trainer.max_epochs={args.max_epochs}", "logger=none",
-         "trainer.enable_progress_bar=false"]
+def cell_overrides(model: str, data: str, args: argparse.Namespace) -> list[str]:
+    """The Hydra overrides of one model's runs on ``data`` (without the fold)."""
+    o = [f"model={MODELS[model]}", f"data={data}", "data.val_fraction=0", f"trainer.max_epochs={args.max_epochs}"]
     if model in ("rta", "rta_hamming", "mam"):
         o += [f"model.num_trees={args.trees}"]
     if model in ("rta", "rta_hamming"):
@@ -73,21 +64,16 @@ def cell_overrides(model: str, data: str, fold: int, args) -> list[str]:
     return o
 
 
-def table1(args, out: Path) -> list[dict]:
-    kept = _read_rows(out.with_suffix(".csv")) if args.update else []
-    rows = [r for r in kept if not (r["dataset"] in args.datasets and r["model"] in args.models)]
+def table1(args: argparse.Namespace, out: Path) -> None:
+    """Every (dataset, model) cell over the folds; the table rewritten after each (``--update``: merged into the
+    committed rows)."""
+    kept = read_rows(out.with_suffix(".csv")) if args.update else []
+    rows = []
     for data in args.datasets:
         for model in args.models:
-            folds = []
-            for fold in range(args.folds):
-                with tempfile.TemporaryDirectory() as tmp:
-                    m = compose_run(cell_overrides(model, data, fold, args) + ["trainer.enable_checkpointing=false"],
-                                    Path(tmp))
-                folds.append(m)
-                print(data, model, fold, {k: round(v, 4) for k, v in m.items() if k.startswith("test/")}, flush=True)
-            rows.append(summary_row(data, model, folds))
-            write_table(rows, out, COLUMNS, footer=FOOTER)
-    return rows
+            rows.append(summary_row(data, model, run_folds(cell_overrides(model, data, args), args.folds)))
+            print(rows[-1], flush=True)
+            write_table(merge_rows(kept, rows, list(MODELS)), out, COLUMNS, footer=FOOTER)
 
 
 COLUMNS = ["dataset", "model", "microlabel loss %", "0/1 loss %", "paper", "certified %", "gap", "l2", "train s"]
@@ -100,28 +86,26 @@ def summary_row(data: str, model: str, folds: list[dict]) -> dict:
     zero_one = [100 * (1 - m["test/subset_acc"]) for m in folds]
     paper = PAPER.get(data, {}).get(model.split("_")[0])
     gaps = [max(_flat(m["solver"].get("relative_gap", math.nan))) for m in folds]
-    return {"dataset": data, "model": model, "microlabel loss %": _mean_sd(micro), "0/1 loss %": _mean_sd(zero_one),
+    return {"dataset": data, "model": model, "microlabel loss %": _pm(micro), "0/1 loss %": _pm(zero_one),
             "paper": "" if paper is None else f"{paper[0]} / {paper[1]}",
-            "certified %": _mean_sd([100 * m["test/certified"] for m in folds]) if "test/certified" in folds[0]
-            else "",
+            "certified %": _pm([100 * m["test/certified"] for m in folds]) if "test/certified" in folds[0] else "",
             "gap": f"{max(gaps):.1e}", "l2": " ".join(str(m.get("cv", {}).get("chosen_l2", "")) for m in folds),
             "train s": round(sum(m["train_seconds"] for m in folds), 1),
             "microlabel folds": " ".join(f"{v:.2f}" for v in micro),
             "0/1 folds": " ".join(f"{v:.2f}" for v in zero_one)}
 
 
-def figure1(args, out: Path) -> None:
+def figure1(args: argparse.Namespace, out: Path) -> None:
     """Certified fraction of fold-0 test examples against K, for 5, 10 and 40 trees."""
     rows = []
     for data in args.datasets:
         for T in FIGURE_TREES:
             a = argparse.Namespace(**{**vars(args), "trees": T})
+            o = [*cell_overrides("rta", data, a), f"data.num_folds={args.folds}", "data.fold=0", "test=false"]
             with tempfile.TemporaryDirectory() as tmp:
-                o = cell_overrides("rta", data, 0, a) + ["test=false"]
-                compose_run(o, Path(tmp))
+                run_config(o, Path(tmp))
                 model = RTA.load_from_checkpoint(str(Path(tmp) / "checkpoints" / "last.ckpt"), map_location="cpu")
-                with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-                    dm = build_datamodule(compose("config", overrides=o).data)
+            dm = build_datamodule(compose_config(o).data)
             dm.setup("test")
             x, _ = dm.test_tensors
             n = dm.num_labels
@@ -168,17 +152,8 @@ def _flat(v) -> list[float]:
     return v if isinstance(v, list) else [v]
 
 
-def _mean_sd(values: list[float]) -> str:
-    mean = sum(values) / len(values)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))
-    return f"{mean:.2f} +- {sd:.2f}"
-
-
-def _read_rows(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+def _pm(values: list[float]) -> str:
+    return "{:.2f} +- {:.2f}".format(*mean_sd(values))
 
 
 def main() -> None:

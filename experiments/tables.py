@@ -1,5 +1,6 @@
-"""Result tables of the experiments: one list of row dicts -> <out>.csv and a markdown <out>.md; per-group
-means with 2 standard errors, and their curves as a PNG."""
+"""Result tables of the experiments (their one writer): one list of row dicts -> <out>.csv and a markdown <out>.md,
+markdown tables for footers, the cells the tables share (accuracies in %, CV curves); per-group means with 2 standard
+errors, and their curves as a PNG."""
 
 from __future__ import annotations
 
@@ -17,16 +18,35 @@ def write_table(rows: list[dict], out: Path, columns: list[str] | None = None, f
         w.writeheader()
         w.writerows(rows)
     keys = columns or list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
-    text = "\n".join([*lines, *footer]) + "\n"
+    text = "\n".join([*markdown(keys, [[r[k] for k in keys] for r in rows]), *footer]) + "\n"
     out.with_suffix(".md").write_text(text)
     print(text)
 
 
+def markdown(header: list[str], rows: list[list]) -> list[str]:
+    """The lines of a markdown table: ``header``, then one line per row of cells (``str`` of each)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(map(str, r)) + " |" for r in rows]
+
+
+SCORES = ("hamming_acc", "subset_acc", "example_f1")  # the accuracies of the tables, in %
+
+
+def percents(metrics: dict, prefix: str = "") -> dict[str, float]:
+    """``SCORES`` of a metrics dict (keys ``prefix + score``, values in [0, 1]) in %, rounded to 2 decimals."""
+    return {k: round(100 * metrics[prefix + k], 2) for k in SCORES}
+
+
+def curve(values: list[float], scores: list[float]) -> str:
+    """A CV curve as one cell: "value:score ..." (scores with 2 decimals)."""
+    return " ".join(f"{v:g}:{s:.2f}" for v, s in zip(values, scores))
+
+
 def read_rows(path: Path) -> list[dict]:
-    """The rows of a CSV written by ``write_table``: cells that an int or a float prints back unchanged as
-    numbers, the others as written (so a rewritten table keeps its formatting)."""
+    """The rows of a CSV written by ``write_table`` (none if there is no such file): cells that an int or a float
+    prints back unchanged as numbers, the others as written (so a rewritten table keeps its formatting)."""
+    if not path.is_file():
+        return []
     with open(path, newline="") as f:
         return [{k: _number(v) for k, v in r.items()} for r in csv.DictReader(f)]
 
@@ -51,16 +71,19 @@ def merge_rows(kept: list[dict], new: list[dict], order: list[str]) -> list[dict
     return sorted(merged.values(), key=lambda r: (datasets.index(r["dataset"]), rank[r["model"]]))
 
 
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    """Mean and standard deviation (ddof 1; 0 for a single value) of ``values``."""
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in values) / max(len(values) - 1, 1))
+
+
 def mean_2se(values: list[float]) -> tuple[float | str, float | str]:
     """Mean and 2 standard errors (ddof 1) of ``values``; "" where there are no values / fewer than two."""
     v = [float(x) for x in values if x != "" and not math.isnan(float(x))]
     if not v:
         return "", ""
-    mean = sum(v) / len(v)
-    if len(v) < 2:
-        return round(mean, 4), ""
-    sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1))
-    return round(mean, 4), round(2 * sd / math.sqrt(len(v)), 4)
+    mean, sd = mean_sd(v)
+    return round(mean, 4), round(2 * sd / math.sqrt(len(v)), 4) if len(v) > 1 else ""
 
 
 def summarize(rows: list[dict], by: list[str], metrics: list[str]) -> list[dict]:

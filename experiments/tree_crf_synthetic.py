@@ -28,13 +28,13 @@ per model on a 2-core CPU). Writes <out>.csv, <out>.md and <out>_fig3.png / <out
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import time
 from pathlib import Path
 
 import torch
-from tables import plot_curves, summarize, write_table
+from runner import ROOT
+from tables import plot_curves, read_rows, summarize, write_table
 
 from structtorch import Graph
 from structtorch.data import TreeCRFSynthetic, tree_crf_synthetic
@@ -42,10 +42,10 @@ from structtorch.energies import LocalLinearEnergy
 from structtorch.estimation import edge_scores
 from structtorch.inference import tree_map
 from structtorch.losses import crf_nll
+from structtorch.metrics import edge_recovery, multilabel_scores
 from structtorch.solvers import SmoothedLBFGS
 from structtorch.structure import max_spanning_tree
 
-ROOT = Path(__file__).resolve().parents[1]
 BASELINES = ("disconnected_local", "disconnected_global", "true_tree")
 METRICS = ("edge_recovery", "edge_ranking", "test_01_acc", "test_loglik", "structure_s", "crf_s")
 
@@ -89,11 +89,9 @@ def evaluate(d: TreeCRFSynthetic, method: str, l2: float) -> dict:
         pot = energy(d.x_test.double())
         y_hat = tree_map(pot)[1]
         ll = -float(crf_nll(pot, d.y_test).mean())
-    true = {tuple(e) for e in d.tree.edges.tolist()}
-    found = sum(tuple(sorted(e)) in true for e in graph.edges.tolist())
-    return {"edge_recovery": found / (d.num_labels - 1) if graph.num_edges else float("nan"),
+    return {"edge_recovery": edge_recovery(graph, d.tree)["recall"] if graph.num_edges else float("nan"),
             "edge_ranking": float("nan") if scores is None else edge_ranking(scores, d.tree_edge_mask()),
-            "test_01_acc": float((y_hat == d.y_test).all(1).float().mean()), "test_loglik": ll,
+            "test_01_acc": multilabel_scores(y_hat, d.y_test)["subset_acc"], "test_loglik": ll,
             "structure_s": float("nan") if scores is None else seconds, "crf_s": crf_seconds}
 
 
@@ -131,8 +129,7 @@ def main() -> None:
     out = Path(args.out)
     runs = out.with_name(out.name + "_runs")
     if args.summarize_only:
-        with open(runs.with_suffix(".csv")) as f:
-            rows = [{k: _number(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        rows = read_rows(runs.with_suffix(".csv"))
     else:
         rows = [r for fig in args.figures for r in run_figure(fig, args)]
         write_table(rows, runs)
@@ -144,16 +141,6 @@ def main() -> None:
                     out.with_name(f"{out.name}_fig{fig}.png"), f"Tree CRFs, Bradley & Guestrin Fig. {fig} setting "
                     f"({'40 labels' if fig == 3 else '50 training examples'}; 1000 test): mean +- 2 SE",
                     "training examples" if fig == 3 else "labels (= inputs)", log_y=("structure_s",))
-
-
-def _number(text: str) -> int | float | str:
-    for kind in (int, float):
-        try:
-            value = kind(text)
-            return "" if value != value else value  # nan (not measured) -> ""
-        except ValueError:
-            pass
-    return text
 
 
 if __name__ == "__main__":

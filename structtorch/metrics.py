@@ -1,4 +1,5 @@
-"""Multi-label metrics as torchmetrics ``Metric``s (sum-reduced states: DDP-safe), plus edge recovery.
+"""Multi-label metrics as torchmetrics ``Metric``s (sum-reduced states: DDP-safe), ``multilabel_scores`` (the same
+metrics of one batch, as floats), plus edge recovery.
 
 Every metric takes ``preds`` and ``target`` of shape [B, L] with values in {0, 1} (any integer,
 bool, or float dtype holding exactly 0/1) and returns a value in [0, 1].
@@ -18,7 +19,7 @@ from torchmetrics import Metric, MetricCollection
 from .graph import Graph
 
 __all__ = ["ExampleF1", "HammingAccuracy", "MacroF1", "MicroF1", "PerLabelCounts", "SubsetAccuracy",
-           "edge_recovery", "multilabel_metrics"]
+           "edge_recovery", "multilabel_metrics", "multilabel_scores"]
 
 
 def _check(preds: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,6 +220,14 @@ def multilabel_metrics(prefix: str = "", num_labels: int | None = None) -> Metri
         "micro_f1": MicroF1(),
         "macro_f1": MacroF1(num_labels=num_labels),
     }, prefix=prefix)
+
+
+def multilabel_scores(preds: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+    """``multilabel_metrics`` of one [B, L] pair of predictions and targets, as floats keyed ``hamming_acc``, ...:
+    the same metrics outside Lightning (e.g. for a scikit-learn baseline)."""
+    metrics = multilabel_metrics(num_labels=target.shape[-1])
+    metrics.update(preds, target)
+    return {k: float(v) for k, v in metrics.compute().items()}
 
 
 def edge_recovery(predicted: Graph | torch.Tensor, true: Graph | torch.Tensor) -> dict[str, float]:

@@ -15,6 +15,7 @@ from structtorch.metrics import (
     SubsetAccuracy,
     edge_recovery,
     multilabel_metrics,
+    multilabel_scores,
 )
 
 KEYS = ("hamming_acc", "subset_acc", "example_f1", "micro_f1", "macro_f1")
@@ -53,6 +54,17 @@ def test_hand_computed_values() -> None:
     assert set(got) == set(KEYS)
     for k in KEYS:
         assert got[k] == pytest.approx(EXPECTED[k], abs=1e-6), k
+
+
+def test_multilabel_scores_are_the_collection_values() -> None:
+    got = multilabel_scores(P, T)
+    assert set(got) == set(KEYS) and all(isinstance(v, float) for v in got.values())
+    assert got == pytest.approx(EXPECTED, abs=1e-6)
+    g = torch.Generator().manual_seed(1)
+    p, t = torch.rand(30, 5, generator=g) < 0.4, torch.rand(30, 5, generator=g) < 0.4
+    coll = multilabel_metrics(num_labels=5)
+    coll.update(p, t)
+    assert multilabel_scores(p, t) == _values(coll)
 
 
 def test_individual_metric_classes() -> None:
