@@ -27,7 +27,7 @@ the sweeps needed, the fraction of examples whose whole decoded assignment equal
 the mean dual gap value - LP (>= 0; <= eps * H_max at the optimum). --threads sets torch's CPU
 threads (default 1: HiGHS runs single-threaded too).
 
---fused: the eager sweeps against the fused C++ kernel (``inference.set_fused(True)``) on the same calls,
+--fused: the eager sweeps against the fused C++ kernel (``inference.backend("fused")``) on the same calls,
 float64, B = 1024 problems of the same complete graphs, each stopped by ``tol`` = 1e-4 as in training:
 "cold" (zero messages, eps = eps_scale / (n - 1)) and "warm" (started from the messages of a converged
 solve of potentials 1% away, as between two L-BFGS steps of Full). Reported: ms per call of each, the
@@ -137,11 +137,10 @@ def bench_fused(n: int, repeats: int) -> list[dict]:
         times, out = {}, {}
         for _ in range(repeats):  # alternating, best of repeats: background load only adds time
             for fused in (False, True):
-                inf.set_fused(fused)
-                t0 = time.perf_counter()
-                out[fused] = inf.smoothed_lp(pot, eps=eps, iters=2000, messages=msgs, tol=1e-4)
-                times[fused] = min(times.get(fused, float("inf")), time.perf_counter() - t0)
-        inf.set_fused(False)
+                with inf.backend("fused" if fused else "eager"):
+                    t0 = time.perf_counter()
+                    out[fused] = inf.smoothed_lp(pot, eps=eps, iters=2000, messages=msgs, tol=1e-4)
+                    times[fused] = min(times.get(fused, float("inf")), time.perf_counter() - t0)
         rows.append({"n": n, "regime": regime, "batch": 1024, "eps": eps, "sweeps": out[True].iterations,
                      "eager_ms": 1e3 * times[False], "fused_ms": 1e3 * times[True],
                      "speedup_fused_over_eager": times[False] / times[True],
@@ -150,7 +149,7 @@ def bench_fused(n: int, repeats: int) -> list[dict]:
 
 
 def main_fused(args: argparse.Namespace) -> None:
-    inf.set_fused(True)  # build first: not timed
+    inf.backends.check_backend("fused")  # build first: not timed
     rows = []
     print(f"{'n':>4} {'regime':>6} {'sweeps':>6} {'eager ms':>9} {'fused ms':>9} {'eager/fused':>11} {'max dv':>8}")
     for n in [6, 14, 50] if args.quick else [6, 14, 50, 200]:

@@ -28,10 +28,10 @@ with the same threads. Per row, the bytes an op must move at the least (potentia
 with E = n - 1 and s = 4 (float32); achieved bytes/s = bytes / our time, and "x floor" = our time /
 (bytes / bw), how many times slower than copying that many bytes (1 = at the floor).
 
-``--compile``: issue #14's rows only, map and marg also with ``inference.set_compile(True)`` (torch.compile
+``--compile``: issue #14's rows only, map and marg also with ``inference.backend("compile")`` (torch.compile
 of the whole pass per schedule), timed after a first call that compiles (its seconds reported as
 ``compiled_first_s``, not in the times); written to ``bench_tree_compile.json`` beside --out.
-``--fused``: the same with ``inference.set_fused(True)`` (the fused C++ kernels of CPU tensors; the first
+``--fused``: the same with ``inference.backend("fused")`` (the fused C++ kernels of CPU tensors; the first
 calls' seconds, ``fused_first_s``, include building them if not cached); written to ``bench_tree_fused.json``.
 """
 
@@ -126,14 +126,13 @@ def calls(unary: torch.Tensor, pairwise: torch.Tensor, graph: st.Graph, edge: to
     }
 
 
-#: opt-in variants of the passes: --compile and --fused time map and marg again with these switched on
-VARIANTS = {"compiled": inf.set_compile, "fused": inf.set_fused}
+#: opt-in variants of the passes: --compile and --fused time map and marg again on these backends
+VARIANTS = {"compiled": "compile", "fused": "fused"}
 
 
 def variant_times(row: dict, name: str, ours: dict, device: torch.device, repeats: int, bandwidth: float) -> None:
     """map / marg with VARIANTS[name] on into row: the first calls' seconds (compilation), times, ratios, x floor."""
-    VARIANTS[name](True)
-    try:
+    with inf.backend(VARIANTS[name]):
         t = time.perf_counter()
         for op in ("map", "marg"):
             ours[op]()
@@ -142,8 +141,6 @@ def variant_times(row: dict, name: str, ours: dict, device: torch.device, repeat
             row[f"{op}_{name}_st"] = timeit(ours[op], device, repeats)
             row[f"{op}_{name}_ratio"] = row[f"{op}_ts"] / row[f"{op}_{name}_st"]
             row[f"{op}_{name}_floor_x"] = bandwidth * row[f"{op}_{name}_st"] / row[f"{op}_bytes"]
-    finally:
-        VARIANTS[name](False)
 
 
 def variant_summary(row: dict, name: str) -> str:
@@ -191,8 +188,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes only (smoke test)")
     variant = ap.add_mutually_exclusive_group()
     variant.add_argument("--compile", action="store_true",
-                         help="issue #14's rows, also with inference.set_compile(True)")
-    variant.add_argument("--fused", action="store_true", help="issue #14's rows, also with inference.set_fused(True)")
+                         help="issue #14's rows, also on the compile backend")
+    variant.add_argument("--fused", action="store_true", help="issue #14's rows, also on the fused backend")
     ap.add_argument("--out", default="scripts/results/bench_tree.json")
     args = ap.parse_args()
     if LinearChainCRF is None:

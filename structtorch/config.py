@@ -261,7 +261,7 @@ class Config:
     resume: Any = None  # resume from <run dir>/checkpoints/last.ckpt
     logger: str = "tensorboard"  # "tensorboard", "csv" or "none"
     test: bool = True
-    fused: bool = False  # tree ops and smoothed LP of CPU tensors by the fused C++ kernels (inference.set_fused)
+    fused: bool = False  # tree ops and smoothed LP of CPU tensors by the fused C++ kernels, for this run
 
 
 def register_configs() -> None:

@@ -11,7 +11,7 @@ paths included, so inference costs O(log n) batched tensor operations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -45,6 +45,8 @@ class Schedule:
     children: LongTensor [N - R]; the non-root slots. flipped: LongTensor; the slots with flip True.
     roots: LongTensor [R]; root_group: LongTensor [R], the graph (ensemble member) of each root.
     steps: the rake / compress steps, in order; num_raked / num_compressed: nodes they remove.
+    memo: what the backends derive from the schedule (compiled programs, the fused kernels' arrays), kept
+    with it and freed with it (a schedule lives in its graph's cache).
     """
 
     num_slots: int
@@ -59,6 +61,7 @@ class Schedule:
     steps: tuple[Step, ...]
     num_raked: int = 0
     num_compressed: int = 0
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     def to(self, device: torch.device) -> Schedule:
         def mv(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from .config import register_configs
 from .data import DenoisingDataModule, MultilabelDataModule, SyntheticDataModule, TreeCRFSyntheticDataModule
 from .data.download import DownloadError
-from .inference import set_fused
+from .inference import backend
 from .learners import LEARNERS, StructuredLearner
 from .plots import close_figure
 
@@ -196,11 +196,15 @@ def _trainer(cfg: DictConfig, out: Path, run_name: str) -> L.Trainer:
 
 
 def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
-    """Train + test as configured; returns the metrics also written to ``out_dir/metrics.json``."""
-    out = Path(out_dir)
+    """Train + test as configured; returns the metrics also written to ``out_dir/metrics.json``. The inference
+    backend (``fused``) holds for this run only."""
+    with backend("fused" if cfg.fused else "eager"):
+        return _run(cfg, Path(out_dir))
+
+
+def _run(cfg: DictConfig, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)  # without a logger or checkpoints nothing else creates it
     L.seed_everything(cfg.seed, workers=True)
-    set_fused(cfg.fused)
     data_name = _run_key(cfg)[1]
     run_name = "-".join(_run_key(cfg))
     dm, model, ckpt = _prepare(cfg, out)

@@ -253,10 +253,7 @@ def quiet_single_thread():
 def fused_kernels():
     """Tree passes and smoothed-LP sweeps of CPU tensors through the fused C++ kernels (built once; a failed
     build fails here)."""
-    from structtorch.inference import set_fused
+    from structtorch.inference import backend
 
-    set_fused(True)
-    try:
+    with backend("fused"):
         yield
-    finally:
-        set_fused(False)

@@ -387,13 +387,10 @@ def test_tol_stops_at_the_first_sweep_whose_dual_decrease_is_below_tol(case, fra
     """One problem at a time, tol stops after exactly the first sweep whose value decrease (measured with
     one-sweep calls) is below tol * eps, -inf states (pruned) included; the same for the fused kernel, which
     sums the decrease from each star update's terms inside the sweep."""
-    from structtorch.inference import set_fused
+    from structtorch.inference import backend
 
-    set_fused(fused)
-    try:
+    with backend("fused" if fused else "eager"):
         _check_first_sweep_below_tol(case, frac)
-    finally:
-        set_fused(False)
 
 
 def _check_first_sweep_below_tol(case, frac) -> None:
@@ -483,28 +480,32 @@ def test_lp_map_on_one_node_and_one_state():
     torch.testing.assert_close(smoothed_lp(one, 0.1, 3).value, torch.full((2,), 10.0, dtype=torch.float64))
 
 
-# ---------------------------------------------------------------------- the fused CPU kernel (set_fused)
+# ---------------------------------------------------------------------- the fused CPU kernel (backend "fused")
 def _both(pot: Potentials, eps, iters: int, tol: float | None, per_problem: bool = False) -> list:
     """(value, messages, unary, pairwise, d value / d potentials) of the fused kernel on the batch, then of the
     eager sweeps on the batch (or, with ``per_problem``, one problem at a time: each stopped on its own)."""
-    from structtorch.inference import set_fused
+    from structtorch.inference import backend
 
     outs = []
     for enabled in (True, False):
-        set_fused(enabled)
-        rows = [slice(b, b + 1) for b in range(pot.unary.shape[0])] if per_problem and not enabled else [slice(None)]
-        parts = []
-        for r in rows:
-            u, p = pot.unary[r].clone().requires_grad_(), pot.pairwise[r].clone().requires_grad_()
-            e = eps[r] if isinstance(eps, torch.Tensor) else eps
-            res = smoothed_lp(Potentials(u, p, pot.graph), e, iters, tol=tol)
-            res.value.sum().backward()
-            parts.append((res.value.detach(), res.messages, res.unary, res.pairwise, u.grad, p.grad,
-                          torch.tensor(res.iterations)))
-        outs.append([torch.cat([q[i].reshape(-1) for q in parts]) if i < 6 else torch.stack([q[i] for q in parts])
-                     for i in range(7)])
-    set_fused(True)
+        with backend("fused" if enabled else "eager"):
+            outs.append(_solve_rows(pot, eps, iters, tol, per_problem and not enabled))
     return outs
+
+
+def _solve_rows(pot: Potentials, eps, iters: int, tol: float | None, one_at_a_time: bool) -> list:
+    """_both's outputs for the backend in force: the whole batch at once, or one problem at a time."""
+    rows = [slice(b, b + 1) for b in range(pot.unary.shape[0])] if one_at_a_time else [slice(None)]
+    parts = []
+    for r in rows:
+        u, p = pot.unary[r].clone().requires_grad_(), pot.pairwise[r].clone().requires_grad_()
+        e = eps[r] if isinstance(eps, torch.Tensor) else eps
+        res = smoothed_lp(Potentials(u, p, pot.graph), e, iters, tol=tol)
+        res.value.sum().backward()
+        parts.append((res.value.detach(), res.messages, res.unary, res.pairwise, u.grad, p.grad,
+                      torch.tensor(res.iterations)))
+    return [torch.cat([q[i].reshape(-1) for q in parts]) if i < 6 else torch.stack([q[i] for q in parts])
+            for i in range(7)]
 
 
 @settings(max_examples=25, **SETTINGS)

@@ -4,6 +4,7 @@ sequential references, autograd, exact sampling, and bad input."""
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -743,19 +744,15 @@ def test_tree_max_marginals_equal_enumeration(pot):
     assert_same_values(mm, ref, pot.dtype)
 
 
-# ---------------------------------------------------------------------- the compiled passes (set_compile)
+# ---------------------------------------------------------------------- the compiled passes (backend "compile")
 @pytest.fixture
 def compiled():
     """tree_map / tree_logz / tree_marginals through torch.compile; failing loudly rather than falling back to
     eager when dynamo's recompile limit is hit (every schedule here compiles its own program)."""
     import torch._dynamo
 
-    inf.set_compile(True)
-    try:
-        with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
-            yield
-    finally:
-        inf.set_compile(False)
+    with inf.backend("compile"), torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
+        yield
 
 
 COMPILE_GRAPHS = {
@@ -786,21 +783,28 @@ def test_compiled_equals_eager_with_impossible_rows(compiled):
     unary[0] = NEG_INF  # a row with no possible assignment
     pot = Potentials(unary, pot.pairwise, pot.graph)
     outs = []
-    for enabled in (True, False):
-        inf.set_compile(enabled)
-        outs.append((*inf.tree_map(pot), inf.tree_logz(pot), *inf.tree_marginals(pot), inf.tree_max_marginals(pot)))
+    for name in ("compile", "eager"):
+        with inf.backend(name):
+            outs.append((*inf.tree_map(pot), inf.tree_logz(pot), *inf.tree_marginals(pot),
+                         inf.tree_max_marginals(pot)))
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert_no_nan(*outs[0])
 
 
-@pytest.mark.parametrize("value", [1, "yes", None])
-def test_set_compile_rejects_non_bool(value):
-    with pytest.raises(TypeError, match="set_compile expects a bool"):
-        inf.set_compile(value)
+def test_compiled_programs_live_with_their_schedule(compiled):
+    """A pass compiles once per schedule and is kept on the schedule (freed with its graph): no global cache."""
+    g = Graph.chain(6)
+    pot = make_potentials(g, 2, (3,), torch.float64, seed=1)
+    inf.tree_logz(pot)
+    sched = next(s for s in (g.schedule("cpu", compress=c) for c in (True, False)) if s.memo)
+    assert list(sched.memo) == [("compiled", "_logz_pass")]
+    program = sched.memo[("compiled", "_logz_pass")]
+    inf.tree_logz(pot)
+    assert sched.memo[("compiled", "_logz_pass")] is program
 
 
-# ---------------------------------------------------------------------- the fused CPU kernels (set_fused)
+# ---------------------------------------------------------------------- the fused CPU kernels (backend "fused")
 @settings(max_examples=100, deadline=None)
 @given(pot=st.one_of(potentials(graphs(forest=True), dtypes=BOTH_DTYPES), ensemble_potentials()))
 def test_fused_passes_match_brute_force(fused_kernels, pot):
@@ -825,13 +829,12 @@ def test_fused_equals_eager(fused_kernels, graph, K, threads):
     default_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for enabled in (True, False):
-            inf.set_fused(enabled)
-            outs.append((inf.tree_map(pot)[0], inf.tree_logz(pot), *inf.tree_marginals(pot),
-                         inf.tree_max_marginals(pot)))
+        for name in ("fused", "eager"):
+            with inf.backend(name):
+                outs.append((inf.tree_map(pot)[0], inf.tree_logz(pot), *inf.tree_marginals(pot),
+                             inf.tree_max_marginals(pot)))
     finally:
         torch.set_num_threads(default_threads)
-        inf.set_fused(True)
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     score, y = inf.tree_map(pot)
@@ -846,14 +849,38 @@ def test_fused_logz_gradcheck(fused_kernels):
     assert torch.autograd.gradcheck(lambda u, p: inf.tree_logz(Potentials(u, p, g)), (unary, pair))
 
 
-@pytest.mark.parametrize("value", [1, "yes", None])
-def test_set_fused_rejects_non_bool(value):
-    with pytest.raises(TypeError, match="set_fused expects a bool"):
-        inf.set_fused(value)
+@pytest.mark.parametrize("value", ["Fused", True, None])
+def test_unknown_backend_is_refused(value):
+    before = inf.current_backend()
+    with pytest.raises(ValueError, match="backend must be one of eager, compile, fused"):
+        with inf.backend(value):
+            pass
+    with pytest.raises(ValueError, match="backend must be one of eager, compile, fused"):
+        inf.set_backend(value)
+    assert inf.current_backend() == before
 
 
-def test_set_fused_reports_a_failed_build(monkeypatch):
-    """Without a working compiler, set_fused(True) raises a RuntimeError that says so and stays off."""
+def test_backend_blocks_nest_and_restore_on_error(fused_kernels):
+    """A block's backend holds inside it and the enclosing one comes back when it exits, on an error too; the
+    process default is what code outside every block sees."""
+    assert inf.current_backend() == "fused"
+    with pytest.raises(KeyError):
+        with inf.backend("eager"):
+            assert inf.current_backend() == "eager"
+            raise KeyError("stop")
+    assert inf.current_backend() == "fused"
+
+
+def test_a_thread_does_not_see_another_threads_backend(fused_kernels):
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(inf.current_backend()))
+    worker.start()
+    worker.join()
+    assert seen == ["eager"] and inf.current_backend() == "fused"
+
+
+def test_a_failed_build_is_reported_and_changes_no_backend(monkeypatch):
+    """Without a working compiler, backend("fused") raises a RuntimeError that says so and nothing changes."""
     import torch.utils.cpp_extension
 
     from structtorch.inference import fused
@@ -861,12 +888,15 @@ def test_set_fused_reports_a_failed_build(monkeypatch):
     def no_compiler(*args, **kwargs):
         raise OSError("c++: command not found")
 
-    monkeypatch.setitem(fused._FUSED, "module", None)
-    monkeypatch.setitem(fused._FUSED, "enabled", False)
+    monkeypatch.setitem(fused._BUILT, "module", None)
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
     with pytest.raises(RuntimeError, match="building the fused CPU kernels .* failed"):
-        inf.set_fused(True)
-    assert not fused.active(torch.zeros(1, 1, 1))
+        with inf.backend("fused"):
+            pass
+    before = inf.current_backend()
+    with pytest.raises(RuntimeError, match="building the fused CPU kernels .* failed"):
+        inf.set_backend("fused")
+    assert inf.current_backend() == before
 
 
 @pytest.mark.parametrize("dtype", BOTH_DTYPES)

@@ -1,4 +1,4 @@
-"""Fused CPU kernels (``set_fused(True)``) of the tree passes (``csrc/tree_cpu.cpp``) and of the smoothed-LP
+"""Fused CPU kernels (``backend("fused")``) of the tree passes (``csrc/tree_cpu.cpp``) and of the smoothed-LP
 sweeps (``csrc/lp_cpu.cpp``), built on first use.
 
 Each tree pass (MAP, log Z, marginals, max-marginals) is one C++ loop nest over the nodes in leaves-first
@@ -21,59 +21,36 @@ import torch
 
 from ..graph import Schedule
 
-__all__ = ["set_fused"]
+__all__ = ["forest", "kernels"]
 
-_FUSED: dict = {"enabled": False, "module": None}
-_ORDERS: dict[int, tuple[Schedule, tuple[torch.Tensor, ...]]] = {}
-_MAX_ORDERS = 1024  # schedules whose kernel arrays are kept (the oldest dropped first)
+_BUILT: dict[str, ModuleType | None] = {"module": None}
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("tree_cpu.cpp", "lp_cpu.cpp", "module.cpp")]
-
-
-def set_fused(enabled: bool) -> None:
-    """Run tree_map, tree_logz (and its gradient), tree_marginals, tree_max_marginals and smoothed_lp (with
-    finite potentials) of CPU tensors through the fused C++ kernels (True), or the eager passes (False, the
-    default and the reference; same results up to float rounding, MAP up to ties).
-
-    Enabling builds the kernels now (needs a C++ compiler and ninja, ``pip install ninja``; the ``dev`` extra
-    has it) and raises RuntimeError if that fails.
-    """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"set_fused expects a bool, got {type(enabled).__name__}")
-    if enabled:
-        kernels()
-    _FUSED["enabled"] = enabled
-
-
-def active(t: torch.Tensor) -> bool:
-    """Whether the passes over ``t`` [N, K, B] run fused: enabled, on CPU, float32/64, a non-empty batch."""
-    return (_FUSED["enabled"] and t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
-            and t.shape[-1] > 0)
 
 
 def kernels() -> ModuleType:
     """The built extension (built on the first call)."""
-    if _FUSED["module"] is None:
+    if _BUILT["module"] is None:
         from torch.utils.cpp_extension import load
 
         avx2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
         arch = ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"] if avx2 else \
             ["-DCPU_CAPABILITY=DEFAULT"]
         try:
-            _FUSED["module"] = load(name="structtorch_cpu" + ("_avx2" if avx2 else ""),
+            _BUILT["module"] = load(name="structtorch_cpu" + ("_avx2" if avx2 else ""),
                                     sources=[str(s) for s in _SOURCES], extra_cflags=["-O3", "-fopenmp", *arch],
                                     extra_ldflags=["-fopenmp"])
         except Exception as err:  # noqa: BLE001 - any build failure means the same to the user
-            raise RuntimeError(f"set_fused(True): building the fused CPU kernels ({_SOURCES[0].parent}) failed; "
+            raise RuntimeError(f"backend 'fused': building the fused CPU kernels ({_SOURCES[0].parent}) failed; "
                                f"they need a C++ compiler and ninja. The eager passes still work.") from err
-    return _FUSED["module"]
+    return _BUILT["module"]
 
 
 def forest(sched: Schedule) -> tuple[torch.Tensor, ...]:
-    """(order, parent, parent_edge, flip, roots, root_group) of a schedule for the kernels; order [C] lists the
-    non-root slots with every node after all of its children (a reversed breadth-first order from the roots),
-    flip [N] (bool) marks the slots whose parent edge is stored as (x_v, x_parent)."""
-    key = id(sched)
-    if key not in _ORDERS:  # the schedule is kept with its order: its id stays unique
+    """(order, parent, parent_edge, flip, roots, root_group) of a schedule for the kernels, kept with the
+    schedule; order [C] lists the non-root slots with every node after all of its children (a reversed
+    breadth-first order from the roots), flip [N] (bool) marks the slots whose parent edge is stored as
+    (x_v, x_parent)."""
+    if "fused" not in sched.memo:
         parent = sched.parent.tolist()
         children: list[list[int]] = [[] for _ in parent]
         for v, p in enumerate(parent):
@@ -85,7 +62,5 @@ def forest(sched: Schedule) -> tuple[torch.Tensor, ...]:
         order = torch.tensor([v for v in reversed(bfs) if parent[v] >= 0], dtype=torch.long)
         flip = torch.zeros(len(parent), dtype=torch.bool).index_fill_(0, sched.flipped.cpu(), True)
         arrays = (sched.parent, sched.parent_edge, flip, sched.roots, sched.root_group)
-        if len(_ORDERS) >= _MAX_ORDERS:
-            del _ORDERS[next(iter(_ORDERS))]
-        _ORDERS[key] = (sched, (order, *(a.cpu().contiguous() for a in arrays)))
-    return _ORDERS[key][1]
+        sched.memo["fused"] = (order, *(a.cpu().contiguous() for a in arrays))
+    return sched.memo["fused"]

@@ -44,6 +44,7 @@ import torch
 from ..graph import Graph
 from ..potentials import Potentials
 from . import fused
+from .backends import fused_active
 from .tree import exp_serial, index_add_rows, log_ge1
 
 __all__ = ["SmoothedLPResult", "StarSchedule", "smoothed_lp", "star_schedule", "greedy_colouring"]
@@ -440,7 +441,7 @@ def smoothed_lp(pot: Potentials, eps: float | torch.Tensor, iters: int, messages
     e3 = eps.view(B, 1, 1) if isinstance(eps, torch.Tensor) else eps
     with torch.no_grad():
         masks = _prune(unary.detach(), pair.detach(), g.edges.to(pot.device)) if B else None
-        if masks is None and fused.active(unary):  # finite potentials: the fused CPU kernel
+        if masks is None and fused_active(unary):  # finite potentials: the fused CPU kernel
             lam, value, mu_u, mu_p, run = _fused_solve(unary.detach(), pair.detach(), eps, lam, g, sched,
                                                        int(iters), tol)
         else:

@@ -22,9 +22,9 @@ sums into rows go through ``index_add_rows``, exp / log avoid MKL's threaded VML
 (``exp_serial``, ``log_ge1``), and the max semiring reduces with ``amax`` (``max(dim)`` always opens a
 region) and recovers arguments only along the backtracked rows (``_first_argmax``).
 
-``set_compile(True)`` (opt-in; off by default) runs the MAP, log Z and marginal passes through
+The backend ``"compile"`` (opt-in, ``inference.backend``) runs the MAP, log Z and marginal passes through
 ``torch.compile`` instead: one program per schedule and pass with every step unrolled, so inductor
-fuses the small ops of a step (C++/OpenMP on CPU, Triton on GPU). ``set_fused(True)`` (opt-in; see
+fuses the small ops of a step (C++/OpenMP on CPU, Triton on GPU). The backend ``"fused"`` (opt-in; see
 ``fused``) runs the passes of CPU tensors through hand-written C++ kernels instead: one loop nest per pass,
 SIMD over batch entries, the potentials read once (on chains of 128 labels, B = 1024: MAP 3x and
 marginals 6x the time of copying that many bytes, against 31-35x for the eager passes). The eager passes stay
@@ -42,9 +42,10 @@ import torch
 from ..graph import Schedule
 from ..potentials import Potentials
 from . import fused
+from .backends import current_backend, fused_active
 
-__all__ = ["tree_map", "tree_logz", "tree_marginals", "tree_max_marginals", "tree_sample", "set_compile",
-           "cheapest_schedule", "exp_serial", "index_add_rows", "log_ge1"]
+__all__ = ["tree_map", "tree_logz", "tree_marginals", "tree_max_marginals", "tree_sample", "cheapest_schedule",
+           "exp_serial", "index_add_rows", "log_ge1"]
 
 _LOG2E = 1.4426950408889634
 
@@ -148,40 +149,30 @@ def _out_shape(values: torch.Tensor, batch: torch.Size, ensemble: bool) -> torch
     return values.T.reshape(*batch, values.shape[0]) if ensemble else values.reshape(batch)
 
 
-# ---------------------------------------------------------------------- optional compilation
-_COMPILE = {"enabled": False}
-_COMPILED: dict[tuple[str, int], tuple[Schedule, Callable]] = {}
+# ---------------------------------------------------------------------- the compile and fused backends
 # Store every intermediate whose expression has more than one op rather than inline it into its readers:
 # at inductor's CPU default (50 ops) the marginal pass became one C++ loop nest that recomputes each step's
 # exps and products in every reader, 3-6x slower than eager.
 _INDUCTOR = {"realize_opcount_threshold": 1}
 
 
-def set_compile(enabled: bool) -> None:
-    """Run tree_map, tree_logz and tree_marginals (and tree_logz's gradient) through ``torch.compile`` (True)
-    or eagerly (False, the default and the reference; same results up to float rounding).
-
-    Each schedule (graph and device) and pass compiles once, with its steps unrolled, and again for a new
-    batch size, K or dtype (seconds each on CPU: inductor generates and builds C++); past torch._dynamo's
-    recompile limit a pass runs eagerly. Worth it where the passes are bound by per-op overhead (small
-    batches, K = 2); see scripts/bench_tree.py --compile.
-    """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"set_compile expects a bool, got {type(enabled).__name__}")
-    _COMPILE["enabled"] = enabled
-
-
 def _run(fn: Callable, sched: Schedule, *tensors: torch.Tensor):
-    """fn(*tensors, sched): by the fused CPU kernels (``set_fused(True)``), by its compiled program for this
-    schedule (``set_compile(True)``) or eagerly."""
-    if fused.active(tensors[0]):
+    """fn(*tensors, sched) on the backend in force (``inference.backend``): by the fused CPU kernels, by its
+    compiled program for this schedule, or eagerly.
+
+    ``"compile"``: each schedule (graph and device) and pass compiles once, kept with the schedule, with its
+    steps unrolled, and again for a new batch size, K or dtype (seconds each on CPU: inductor generates and
+    builds C++); past torch._dynamo's recompile limit a pass runs eagerly. Worth it where the passes are bound
+    by per-op overhead (small batches, K = 2); see scripts/bench_tree.py --compile.
+    """
+    if fused_active(tensors[0]):
         return _fused(fn, sched, *tensors)
-    if not _COMPILE["enabled"]:
+    if current_backend() != "compile":
         return fn(*tensors, sched)
-    key = (fn.__name__, id(sched))
-    if key not in _COMPILED:  # the schedule is kept with its program: its id stays unique
-        _COMPILED[key] = (sched, torch.compile(lambda *t: fn(*t, sched), dynamic=False, options=_INDUCTOR))
-    return _COMPILED[key][1](*tensors)
+    key = ("compiled", fn.__name__)
+    if key not in sched.memo:
+        sched.memo[key] = torch.compile(lambda *t: fn(*t, sched), dynamic=False, options=_INDUCTOR)
+    return sched.memo[key](*tensors)
 
 
 def _fused(fn: Callable, sched: Schedule, unary: torch.Tensor, pair: torch.Tensor):
