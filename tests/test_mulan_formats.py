@@ -5,13 +5,15 @@ the real datasets of the package's data cache (skipped, saying where, when the c
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import cached_mulan
 
-from structtorch.data import load_arff, load_mulan
+from structtorch.data import arff_to_multilabel, load_arff, load_mulan, load_mulan_splits
 
 XML_HEAD = '<?xml version="1.0" encoding="utf-8"?>\n<labels xmlns="http://mulan.sourceforge.net/labels">\n'
 
@@ -75,7 +77,74 @@ def test_bad_attribute_names_name_file_and_line(tmp_path: Path, line: str, what:
         load_arff(path)
 
 
-# ---------------------------------------------------------------------- corrupt rows
+# ---------------------------------------------------------------------- nominal and string features
+NOMINAL_HEADER = """@relation nominal
+@attribute id string
+@attribute PS00010 {YES,NO}
+@attribute time {lunch,'happy hour',dinner}
+@attribute location {2,10,1}
+@attribute word {0,1}
+@attribute size numeric
+@attribute y0 {0,1}
+@attribute y1 {0,1}
+@data"""
+NOMINAL_XML = '<label name="y0"/><label name="y1"/>\n'
+NOMINAL_TRAIN = "'a',YES,lunch,2,1,0.5,1,0\n'b',NO,'happy hour',10,0,1.5,0,1\n'c b',YES,lunch,10,1,2.5,1,1\n"
+NOMINAL_TEST = "'d',NO,dinner,1,0,3.5,0,0\n"  # dinner and location 1 never occur in training
+NOMINAL_FEATURES = ["PS00010=NO", "time=lunch", "time=happy hour", "time=dinner", "location=2", "location=10",
+                    "location=1", "word", "size"]
+NOMINAL_X_TRAIN = [[0, 1, 0, 0, 1, 0, 0, 1, 0.5], [1, 0, 1, 0, 0, 1, 0, 0, 1.5], [0, 1, 0, 0, 0, 1, 0, 1, 2.5]]
+NOMINAL_X_TEST = [[1, 0, 0, 1, 0, 0, 1, 0, 3.5]]
+
+
+def test_nominal_features_are_one_hot_with_the_header_vocabulary(tmp_path: Path) -> None:
+    root = _dataset(tmp_path, "nom", NOMINAL_HEADER, NOMINAL_TRAIN, NOMINAL_TEST, NOMINAL_XML)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the string attribute
+        d = load_mulan_splits("nom", root=root)
+    assert d.feature_names == NOMINAL_FEATURES and d.label_names == ["y0", "y1"]
+    np.testing.assert_array_equal(d.x_train.numpy(), NOMINAL_X_TRAIN)
+    np.testing.assert_array_equal(d.x_test.numpy(), NOMINAL_X_TEST)
+    assert d.x_train.dtype == torch.float32
+
+
+def test_only_nominal_features_genbase_style(tmp_path: Path) -> None:
+    header = "@relation g\n@attribute PS1 {YES,NO}\n@attribute PS2 {YES,NO}\n@attribute y0 {0,1}\n@data"
+    root = _dataset(tmp_path, "gen", header, "YES,NO,1\nNO,NO,0\n", "NO,YES,1\n", '<label name="y0"/>')
+    x, y, feats, _ = load_mulan("gen", "test", root=root)
+    assert feats == ["PS1=NO", "PS2=NO"]
+    np.testing.assert_array_equal(x.numpy(), [[1, 0]])
+
+
+def test_train_and_test_headers_must_agree(tmp_path: Path) -> None:
+    root = _dataset(tmp_path, "nom", NOMINAL_HEADER, NOMINAL_TRAIN, None, NOMINAL_XML)
+    _write(root / "nom" / "nom-test.arff", NOMINAL_HEADER.replace("{2,10,1}", "{1,2,10}") + "\n" + NOMINAL_TEST)
+    with pytest.raises(ValueError, match=r"nom-test\.arff and .*nom-train\.arff declare attribute 4 differently: "
+                                         r"'location' \{1,2,10\} vs 'location' \{2,10,1\}"):
+        load_mulan_splits("nom", root=root)
+
+
+def test_string_attributes_are_ignored_and_said_once(tmp_path: Path) -> None:
+    root = _dataset(tmp_path, "nom", NOMINAL_HEADER, NOMINAL_TRAIN, NOMINAL_TEST, NOMINAL_XML)
+    with pytest.warns(UserWarning) as record:
+        load_mulan_splits("nom", root=root)
+    messages = [str(w.message) for w in record]
+    assert len(messages) == 1 and "'id'" in messages[0] and "string" in messages[0]
+
+
+def test_sparse_rows_with_nominals_equal_dense(tmp_path: Path) -> None:
+    """Sparse rows omit index 0 of a nominal: the first declared value (YES, lunch, 2)."""
+    header = NOMINAL_HEADER.replace("@attribute id string\n", "")
+    dense = "NO,lunch,2,1,0.5,1,0\nYES,dinner,10,0,0,0,1\n"
+    sparse = "{0 NO, 3 1, 4 0.5, 5 1}\n{1 dinner, 2 10, 6 1}\n"
+    a = load_mulan_splits("d", root=_dataset(tmp_path, "d", header, dense, None, NOMINAL_XML), test_fraction=0.5)
+    b = load_mulan_splits("s", root=_dataset(tmp_path, "s", header, sparse, None, NOMINAL_XML), test_fraction=0.5)
+    assert a.feature_names == b.feature_names == NOMINAL_FEATURES
+    assert torch.equal(a.x_train, b.x_train) and torch.equal(a.x_test, b.x_test)
+    assert torch.equal(a.y_train, b.y_train) and torch.equal(a.y_test, b.y_test)
+
+
+# ---------------------------------------------------------------------- missing values
 MISSING_HEADER = """@relation m
 @attribute f numeric
 @attribute c {a,b,c}
@@ -84,6 +153,38 @@ MISSING_HEADER = """@relation m
 @data"""
 
 
+def test_missing_values_are_imputed_from_the_training_file(tmp_path: Path) -> None:
+    train = "1,a,1,1\n?,b,1,0\n5,b,?,1\n{1 c, 3 1}\n"  # f mean (1 + 5 + 0) / 3 = 2, c mode b, w mode 1
+    test = "?,?,?,0\n{0 ?, 1 ?, 2 ?, 3 1}\n"
+    root = _dataset(tmp_path, "m", MISSING_HEADER, train, test, '<label name="y0"/>')
+    with pytest.warns(UserWarning, match=r"2 missing .* 6 missing .*imputed .*training mean .*most frequent"):
+        d = load_mulan_splits("m", root=root)
+    assert d.feature_names == ["f", "c=a", "c=b", "c=c", "w"]
+    np.testing.assert_array_equal(d.x_train.numpy(), [[1, 1, 0, 0, 1], [2, 0, 1, 0, 1], [5, 0, 1, 0, 1],
+                                                      [0, 0, 0, 1, 0]])
+    np.testing.assert_array_equal(d.x_test.numpy(), [[2, 0, 1, 0, 1]] * 2)
+
+
+def test_missing_values_of_a_random_split_use_its_training_part(tmp_path: Path) -> None:
+    header = MISSING_HEADER.replace("@data", "@attribute imputed {0,1}\n@data")
+    rows = "".join(f"{10 * i},b,1,{i % 2},0\n" for i in range(9)) + "?,?,?,1,1\n"  # the last row is all '?'
+    root = _dataset(tmp_path, "r", header, rows, None, '<label name="y0"/><label name="imputed"/>')
+    with pytest.warns(UserWarning, match="imputed"):
+        d = load_mulan_splits("r", root=root, test_fraction=0.3, seed=0)
+    filled = d.y_train[:, 1] == 1
+    row = torch.cat([d.x_train[filled], d.x_test[d.y_test[:, 1] == 1]])
+    mean = d.x_train[~filled, 0].double().mean().float()  # the training part's other rows only
+    assert torch.equal(row, torch.stack([mean, *torch.tensor([0.0, 1.0, 0.0, 1.0])])[None])
+
+
+def test_arff_to_multilabel_alone_keeps_missing_as_nan_and_says_so(tmp_path: Path) -> None:
+    path = _write(tmp_path / "m.arff", MISSING_HEADER + "\n1,?,1,1\n?,b,1,0\n")
+    with pytest.warns(UserWarning, match=r"2 missing .*NaN"):
+        x, _, _, _ = arff_to_multilabel(load_arff(path), ["y0"])
+    assert np.isnan(x[0, 1:4]).all() and np.isnan(x[1, 0]) and not np.isnan(x[0, 0])
+
+
+# ---------------------------------------------------------------------- corrupt rows
 @pytest.mark.parametrize("row", [
     ",".join(["0.123456789"] * 60),  # too many values, 700 characters
     "1," + "z" * 600 + ",1,1",  # an undeclared nominal value
@@ -97,3 +198,20 @@ def test_corrupt_row_error_is_short(tmp_path: Path, row: str) -> None:
     assert re.search(r"\.\.\. \(\d{3} characters\)", msg) and row[:81] not in msg and len(msg) < len(str(path)) + 300
 
 
+# ---------------------------------------------------------------------- the real data (package cache)
+def test_real_birds_labels_with_apostrophes() -> None:
+    x, y, feats, labels = cached_mulan("birds", "train")
+    xt, yt, feats_t, _ = cached_mulan("birds", "test")
+    assert x.shape == (322, 271) and y.shape == (322, 19) and xt.shape == (323, 271) and yt.shape == (323, 19)
+    assert "Swainson's Thrush" in labels and feats == feats_t and "location=17" in feats
+    assert not torch.isnan(x).any() and not torch.isnan(xt).any()
+
+
+def test_real_flags_nominals_are_one_hot() -> None:
+    x, y, feats, _ = cached_mulan("flags", "train")
+    xt, _, feats_t, _ = cached_mulan("flags", "test")
+    assert x.shape == (129, 43) and y.shape == (129, 7) and xt.shape == (65, 43) and feats == feats_t
+    assert feats[:6] == [f"landmass={v}" for v in range(1, 7)] and "religion=0" in feats and "crescent" in feats
+    for prefix in ("landmass=", "zone=", "language=", "religion="):  # exactly one value per row
+        block = x[:, [j for j, f in enumerate(feats) if f.startswith(prefix)]]
+        assert torch.equal(block.sum(1), torch.ones(len(x)))

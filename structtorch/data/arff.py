@@ -55,14 +55,14 @@ class ArffAttribute:
     values: tuple[str, ...] = ()
 
     @property
+    def declaration(self) -> str:
+        """The type as declared: ``numeric``, ``string`` or ``{v1,v2,...}``."""
+        return "{" + ",".join(self.values) + "}" if self.kind == "nominal" else self.kind
+
+    @property
     def is_binary_nominal(self) -> bool:
         """A nominal attribute declared over (a subset of) ``{0, 1}``: the Mulan label type."""
         return self.kind == "nominal" and 0 < len(self.values) <= 2 and set(self.values) <= {"0", "1"}
-
-    @property
-    def is_numeric_nominal(self) -> bool:
-        """A nominal attribute whose declared values all parse as numbers (e.g. ``{0,1}``)."""
-        return self.kind == "nominal" and len(self.values) > 0 and all(_is_number(v) for v in self.values)
 
 
 @dataclass
@@ -294,10 +294,3 @@ def _from_coo(coo: tuple[list, list, list], attributes: list[ArffAttribute],
         values[np.asarray(rows)[idx], np.asarray(cols)[idx]] = vals
     return values, strings
 
-
-def _is_number(v: object) -> bool:
-    try:
-        float(v)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-    return True
