@@ -116,6 +116,15 @@ def test_only_nominal_features_genbase_style(tmp_path: Path) -> None:
     np.testing.assert_array_equal(x.numpy(), [[1, 0]])
 
 
+def test_zero_one_nominals_keep_their_value_in_either_declared_order(tmp_path: Path) -> None:
+    header = "@relation z\n@attribute w {1,0}\n@attribute v {1}\n@attribute y0 {1,0}\n@attribute y1 {0,1}\n@data"
+    rows = "1,1,0,1\n0,1,1,0\n{0 0, 2 0}\n"  # sparse: an omitted nominal is its first declared value
+    root = _dataset(tmp_path, "z", header, rows, rows, '<label name="y0"/><label name="y1"/>')
+    x, y, feats, _ = load_mulan("z", "test", root=root)
+    assert feats == ["w", "v"] and torch.equal(x, torch.tensor([[1.0, 1], [0, 1], [0, 1]]))
+    assert torch.equal(y, torch.tensor([[0, 1], [1, 0], [0, 0]]))
+
+
 def test_train_and_test_headers_must_agree(tmp_path: Path) -> None:
     root = _dataset(tmp_path, "nom", NOMINAL_HEADER, NOMINAL_TRAIN, None, NOMINAL_XML)
     _write(root / "nom" / "nom-test.arff", NOMINAL_HEADER.replace("{2,10,1}", "{1,2,10}") + "\n" + NOMINAL_TEST)

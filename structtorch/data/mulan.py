@@ -342,16 +342,15 @@ def _one_hot(attr: ArffAttribute, index: np.ndarray) -> np.ndarray:
 
 def _as_numbers(data: ArffData, columns: list[int]) -> np.ndarray:
     """The values float64 [N, C] of numeric attributes and nominal attributes over {0,1} (``columns``): a
-    number as it is, a nominal's declared value looked up from its index; NaN where missing."""
+    number as it is, a nominal's declared value from its index (first + index * (last - first), exact for
+    values in {0, 1}); NaN where missing."""
     values = data.values[:, columns]
-    nominal = [c for c, j in enumerate(columns) if data.attributes[j].kind == "nominal"]
-    if nominal:
-        table = np.full((len(nominal), 3), np.nan)  # at most two declared values; column 2: missing
-        for r, c in enumerate(nominal):
-            declared = data.attributes[columns[c]].values
-            table[r, : len(declared)] = [float(v) for v in declared]
-        index = values[:, nominal]
-        values[:, nominal] = table[np.arange(len(nominal)), np.where(np.isnan(index), 2, index).astype(np.int64)]
+    attrs = [data.attributes[j] for j in columns]
+    nominal = np.array([a.kind == "nominal" for a in attrs], dtype=bool)
+    if nominal.any():
+        first = np.array([float(a.values[0]) for a in attrs if a.kind == "nominal"])
+        last = np.array([float(a.values[-1]) for a in attrs if a.kind == "nominal"])
+        values[:, nominal] = first + values[:, nominal] * (last - first)
     return values
 
 
