@@ -198,7 +198,7 @@ def test_load_mulan_xml_labels_anywhere_and_namespaced(tmp_path: Path) -> None:
     np.testing.assert_array_equal(y.numpy(), Y)
 
 
-def test_load_mulan_drops_string_and_categorical_attributes_with_warning(tmp_path: Path) -> None:
+def test_load_mulan_ignores_string_attributes_and_encodes_nominal_ones(tmp_path: Path) -> None:
     header = HEADER.replace("@attribute f0 numeric\n",
                             "@attribute id string\n@attribute colour {red,green}\n"
                             "@attribute word {0,1}\n@attribute f0 numeric\n")
@@ -208,11 +208,12 @@ def test_load_mulan_drops_string_and_categorical_attributes_with_warning(tmp_pat
     _write(d / "ids-train.arff", header + rows)
     _write(d / "ids-test.arff", header + rows)
     _write(d / "ids.xml", XML)
-    with pytest.warns(UserWarning, match=r"dropping 2 .*\['id', 'colour'\]"):
+    with pytest.warns(UserWarning, match=r"ignoring 1 string attribute\(s\) \['id'\]"):
         x, y, feats, labels = load_mulan("ids", "train", root=tmp_path)
-    assert feats == ["word", "f0", "f1"]  # a {0,1} nominal non-label attribute is a numeric feature
-    np.testing.assert_allclose(x[:, 0].numpy(), np.arange(6) % 2)
-    np.testing.assert_allclose(x[:, 1:].numpy(), X)
+    assert feats == ["colour=green", "word", "f0", "f1"]  # a {0,1} nominal non-label attribute is as it is
+    np.testing.assert_allclose(x[:, 0].numpy(), 1 - np.arange(6) % 2)
+    np.testing.assert_allclose(x[:, 1].numpy(), np.arange(6) % 2)
+    np.testing.assert_allclose(x[:, 2:].numpy(), X)
     np.testing.assert_array_equal(y.numpy(), Y)
 
 

@@ -3,7 +3,12 @@
 Parsing is done by liac-arff. Dense files are decoded row by row; files whose data rows are
 all sparse (``{index value, ...}``) are decoded in liac-arff's COO mode, so no Python object
 per zero entry is ever built. Every liac-arff error is re-raised as a ``ValueError`` of the form
-``"<path>, line <k>: <what went wrong>"``.
+``"<path>, line <k>: <what went wrong>"``; a row or value quoted in it is cut to about 80 characters.
+
+Attribute names are decoded here, not by liac-arff (which keeps the backslashes of a quoted name):
+a name is a run of non-blank characters, or is quoted with ``'...'`` or ``"..."``, inside which a
+backslash escapes the next character (``\\'``, ``\\"``, ``\\\\``, ``\\%``, ``\\t``, ``\\n``, ...,
+``\\uXXXX``, octal ``\\ooo``), as Weka writes and reads them.
 """
 
 from __future__ import annotations
@@ -18,11 +23,22 @@ import numpy as np
 __all__ = ["ArffAttribute", "ArffData", "load_arff"]
 
 _DATA_RE = re.compile(r"^@data\b", re.IGNORECASE)
+_ATTRIBUTE_RE = re.compile(r"^@attribute(?=\s|$)", re.IGNORECASE)
+_QUOTED_NAME_RE = re.compile(r"'((?:[^'\\]|\\.)*)'" r'|"((?:[^"\\]|\\.)*)"', re.DOTALL)
+_ESCAPE_RE = re.compile(r"\\(u[0-9a-fA-F]{4}|[0-7]{1,3}|.)", re.DOTALL)
+_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+_SHOWN = 80  # at most this many characters of a row or value from the file in an error message
 _HINTS = {
     "BadDataFormat": "wrong number of values in a dense row, or a sparse index out of range",
     "BadNumericalValue": "a numeric attribute got a value that is not a number",
     "BadNominalValue": "a nominal attribute got a value not in its declaration",
     "BadAttributeType": "supported types: NUMERIC, REAL, INTEGER, STRING, nominal {...}",
+}
+# liac-arff messages that quote a row or a value of the file: (before it)(it)(after it)
+_QUOTES_FILE_TEXT = {
+    "BadDataFormat": re.compile(r"^(Bad @DATA instance format: )(.*)()$", re.DOTALL),
+    "BadNominalValue": re.compile(r"^(Data value )(.*)( not found in nominal declaration)$", re.DOTALL),
+    "BadNominalFormatting": re.compile(r'^(Nominal data value ")(.*)(" not properly quoted)$', re.DOTALL),
 }
 
 
@@ -39,14 +55,14 @@ class ArffAttribute:
     values: tuple[str, ...] = ()
 
     @property
+    def declaration(self) -> str:
+        """The type as declared: ``numeric``, ``string`` or ``{v1,v2,...}``."""
+        return "{" + ",".join(self.values) + "}" if self.kind == "nominal" else self.kind
+
+    @property
     def is_binary_nominal(self) -> bool:
         """A nominal attribute declared over (a subset of) ``{0, 1}``: the Mulan label type."""
         return self.kind == "nominal" and 0 < len(self.values) <= 2 and set(self.values) <= {"0", "1"}
-
-    @property
-    def is_numeric_nominal(self) -> bool:
-        """A nominal attribute whose declared values all parse as numbers (e.g. ``{0,1}``)."""
-        return self.kind == "nominal" and len(self.values) > 0 and all(_is_number(v) for v in self.values)
 
 
 @dataclass
@@ -78,6 +94,12 @@ class ArffData:
     def names(self) -> list[str]:
         return [a.name for a in self.attributes]
 
+    def subset(self, rows: np.ndarray) -> ArffData:
+        """The data rows ``rows`` (int64 [M], indices into the N rows) of this file, in that order."""
+        strings = {name: [col[i] for i in rows] for name, col in self.strings.items()}
+        return ArffData(self.path, self.relation, self.attributes, self.values[rows], self.lines[rows],
+                        self.sparse, strings)
+
     def nominal_value(self, column: int) -> np.ndarray:
         """The declared nominal value (str, None where missing) of every row of ``column``: [N]."""
         attr = self.attributes[column]
@@ -103,8 +125,9 @@ def load_arff(path: str | os.PathLike) -> ArffData:
     data_at = _data_section_start(lines, path)
     row_lines = _data_row_lines(lines, data_at)
     sparse = bool(row_lines.size) and lines[row_lines[0] - 1].lstrip().startswith("{")
+    names = _take_attribute_names(lines, data_at, path)
     obj = _decode(lines, path, sparse)
-    attributes = [_attribute(name, kind) for name, kind in obj["attributes"]]
+    attributes = [_attribute(name, kind) for name, (_, kind) in zip(names, obj["attributes"])]
     if sparse and isinstance(obj["data"], tuple):
         values, strings = _from_coo(obj["data"], attributes, len(row_lines))
     else:
@@ -128,6 +151,56 @@ def _data_row_lines(lines: list[str], data_at: int) -> np.ndarray:
     rows = [i + 1 for i in range(data_at + 1, len(lines))
             if lines[i].strip() and not lines[i].strip().startswith("%")]
     return np.asarray(rows, dtype=np.int64)
+
+
+def _take_attribute_names(lines: list[str], data_at: int, path: str) -> list[str]:
+    """Decode the name of every ``@attribute`` line before ``@data`` and put a plain placeholder name
+    (``a<j>``) in its place in ``lines``, so liac-arff only parses the types. ValueError naming the line
+    for an unterminated quoted name or a name declared twice."""
+    names: list[str] = []
+    first_line: dict[str, int] = {}
+    for i in range(data_at):
+        line = lines[i].strip()
+        if not _ATTRIBUTE_RE.match(line):
+            continue
+        name, rest = _split_attribute_name(line[len("@attribute"):].lstrip(), path, i + 1)
+        if name in first_line:
+            raise ValueError(f"{path}, line {i + 1}: malformed ARFF file: attribute name {_clip(name)!r} is "
+                             f"declared twice (first on line {first_line[name]})")
+        first_line[name] = i + 1
+        lines[i] = f"@attribute a{len(names)} {rest.strip()}"
+        names.append(name)
+    return names
+
+
+def _split_attribute_name(text: str, path: str, line: int) -> tuple[str, str]:
+    """(decoded name, the rest: the type) of the text after ``@attribute``."""
+    if not text:
+        raise ValueError(f"{path}, line {line}: malformed ARFF file: '@attribute' without a name and a type")
+    if text[0] not in ("'", '"'):
+        parts = text.split(None, 1)
+        return parts[0], parts[1] if len(parts) > 1 else ""
+    m = _QUOTED_NAME_RE.match(text)
+    if m is None:
+        raise ValueError(f"{path}, line {line}: malformed ARFF file: unterminated quoted attribute name in "
+                         f"{_clip(text)!r} (expected {text[0]}name{text[0]}, with \\{text[0]} for a quote inside)")
+    raw = m.group(1) if m.group(1) is not None else m.group(2)
+    return _ESCAPE_RE.sub(_unescape, raw), text[m.end():]
+
+
+def _unescape(m: re.Match) -> str:
+    """One backslash escape of a quoted name: ``\\t`` etc., ``\\uXXXX``, octal, else the character itself."""
+    code = m.group(1)
+    if len(code) == 5 and code[0] == "u":
+        return chr(int(code[1:], 16))
+    if code[0] in "01234567":
+        return chr(int(code, 8))
+    return _ESCAPES.get(code, code)
+
+
+def _clip(text: str) -> str:
+    """``text`` cut to about ``_SHOWN`` characters for an error message."""
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN - 3]}... ({len(text)} characters)"
 
 
 def _decode(lines: list[str], path: str, sparse: bool) -> dict:
@@ -156,7 +229,11 @@ def _located(path: str, decoder: liac_arff.ArffDecoder, message: str) -> ValueEr
 def _describe(err: liac_arff.ArffException) -> str:
     """liac-arff's message without its own ', at line k.' suffix (we put the line up front)."""
     text = re.sub(r",? (?:at|in) line -?\d+([.:]?)", lambda m: ":" if m.group(1) == ":" else "",
-                  str(err)).strip()
+                  str(err), count=1).strip()
+    quoted = _QUOTES_FILE_TEXT.get(type(err).__name__)
+    m = quoted.match(text) if quoted else None
+    if m:
+        text = m.group(1) + _clip(m.group(2)) + m.group(3)
     hint = _HINTS.get(type(err).__name__)
     return f"malformed ARFF file: {text}" + (f" ({hint})" if hint else "")
 
@@ -188,7 +265,7 @@ def _from_dense(rows: list[list], attributes: list[ArffAttribute], row_lines: np
         bad = np.flatnonzero([isinstance(v, str) for v in col])
         if bad.size:
             i = int(bad[0])
-            raise ValueError(f"{path}, line {row_lines[i]}: malformed ARFF file: value {col[i]!r} of "
+            raise ValueError(f"{path}, line {row_lines[i]}: malformed ARFF file: value {_clip(repr(col[i]))} of "
                              f"{attr.kind} attribute {attr.name!r} could not be converted")
         present = ~np.equal(col, None)
         values[present, j] = col[present].astype(np.float64)
@@ -217,10 +294,3 @@ def _from_coo(coo: tuple[list, list, list], attributes: list[ArffAttribute],
         values[np.asarray(rows)[idx], np.asarray(cols)[idx]] = vals
     return values, strings
 
-
-def _is_number(v: object) -> bool:
-    try:
-        float(v)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-    return True
