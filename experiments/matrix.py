@@ -7,7 +7,7 @@ Each structtorch cell is one run of the command a user types, ``python -m struct
 data=<d>``, with nothing else set (standard train/test files, the learner's defaults), in its own process: test
 Hamming / subset (0/1) / example-F1 accuracy (%), training seconds, the process's peak memory and the solver's
 final relative duality gap ("certified" when it met model.tol, "NOT certified" when max_epochs stopped it first;
-CRANK reports its last forest fit's gap). Each peer (``peers.py``) chooses C by 3-fold CV on the training file
+CRANK and Project, non-convex, have no gap: "stationary" when CCCP met its stopping rule). Each peer (``peers.py``) chooses C by 3-fold CV on the training file
 and is timed over the CV and the final fit. A cell that fails or runs past ``--timeout`` seconds (``--timeout-large``
 above 160 labels) says so instead of numbers. Datasets default to those in the data cache
 (``$STRUCTTORCH_DATA/mulan``). Writes <out>.csv and <out>.md; ``--update`` keeps the rows not rerun.
@@ -109,8 +109,8 @@ def structtorch_cells(metrics: dict) -> dict:
     """Scores (%), training seconds and the certificate of a run's metrics.json."""
     solver = metrics.get("solver", {})
     gap, done = solver.get("relative_gap"), solver.get("converged")
-    if gap is None:
-        certificate = "no certificate"
+    if gap is None:  # CCCP (CRANK, Project): non-convex, no duality gap; its stopping rule
+        certificate = "stationary (no gap)" if done else "NOT stationary"
     else:
         worst = max(gap) if isinstance(gap, list) else gap
         met = all(done) if isinstance(done, list) else done
