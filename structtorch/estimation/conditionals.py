@@ -23,7 +23,7 @@ import math
 import torch
 
 from ..folds import fold_assignment
-from ..solvers.lbfgs import BatchedLBFGS
+from ..optim import BatchedLBFGS, backtrack
 from ..solvers.proximal import BatchedFISTA
 
 __all__ = ["LAMBDA_GRID", "conditional_log_probs", "fit_logistic", "logistic_cv_log_probs", "select_inputs",
@@ -127,13 +127,7 @@ def _fit_lbfgs(value, theta: torch.Tensor, tol: float = 1e-7, max_iter: int = 20
     shape = theta.shape
     flat = theta.reshape(-1, *shape[3:]).clone().requires_grad_()
     opt = BatchedLBFGS([flat], lambda: value(flat.view(shape))[0].reshape(-1), num_models=flat.shape[0])
-    g0 = opt.grad.norm(dim=1)
-    active = g0 > 0
-    for _ in range(max_iter):
-        if not bool(active.any()):
-            break
-        stalled = opt.step(active)
-        active &= ~stalled & (opt.grad.norm(dim=1) > tol * g0)
+    opt.run(max_iter, tol * opt.grad.norm(dim=1))
     return flat.detach().view(shape)
 
 
@@ -155,14 +149,8 @@ def _fit_newton(value, theta: torch.Tensor, z: torch.Tensor, onehot: torch.Tenso
         active &= decrement > tol
         if not bool(active.any()):
             break
-        t = active.to(theta.dtype)
-        for _ in range(30):  # backtracking (Armijo) per model
-            f_new, logp_new = value(theta + t[..., None, None] * d)
-            ok = (f_new <= f - 1e-4 * t * 2 * decrement) | (t == 0)
-            if bool(ok.all()):
-                break
-            t = torch.where(ok, t, 0.5 * t)
-        t = torch.where(ok, t, 0.0)
+        t, (f_new, logp_new) = backtrack(lambda t: value(theta + t[..., None, None] * d), f, -2 * decrement,
+                                         active.to(theta.dtype))
         theta = theta + t[..., None, None] * d
         moved = t > 0
         f = torch.where(moved, f_new, f)

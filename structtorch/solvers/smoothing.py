@@ -35,12 +35,12 @@ import torch
 from ..energies import Energy
 from ..graph import Graph
 from ..inference import smoothed_lp, tree_logz, tree_map
+from ..optim import BatchedLBFGS
 from ..potentials import Potentials
 from ..structure.circuit_rank import circuit_rank
 from ..structure.spanning import max_spanning_tree
 from .bcfw import check_lam, check_mask, lift_models, one_hot_marginals
 from .certificate import GapInfo, certificate
-from .lbfgs import BatchedLBFGS
 
 __all__ = ["ForestSmoothedMax", "LPSmoothedMax", "SmoothedHinge", "SmoothedLBFGS", "SmoothedMax",
            "tree_smoothed_max"]
