@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 
-__all__ = ["Graph", "Schedule", "Step", "check_int", "contraction_steps", "root_forest"]
+__all__ = ["Graph", "Schedule", "Step", "check_int", "component_labels", "contraction_steps", "root_forest"]
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ class Graph:
     def _components(self) -> list[np.ndarray]:
         """Connected-component label per node, for each graph of the ensemble."""
         if "components" not in self._cache:
-            self._cache["components"] = [_components(self.num_nodes, e) for e in self.edge_lists()]
+            self._cache["components"] = [component_labels(self.num_nodes, e) for e in self.edge_lists()]
         return self._cache["components"]
 
     @property
@@ -279,21 +281,11 @@ def _as_edge_tensor(edges: object) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- helpers (numpy, once per graph)
-def _components(n: int, edges: np.ndarray) -> np.ndarray:
-    parent = np.arange(n)
-
-    def find(a: int) -> int:
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    for a, b in edges:
-        ra, rb = find(int(a)), find(int(b))
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    roots = np.array([find(a) for a in range(n)])
-    return np.unique(roots, return_inverse=True)[1]
+def component_labels(n: int, edges: np.ndarray) -> np.ndarray:
+    """The connected component [n] of each of n nodes joined by ``edges`` [E, 2]: components numbered 0, 1, ...
+    in the order of their smallest node."""
+    adj = coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
+    return connected_components(adj, directed=False)[1]
 
 
 def root_forest(n: int, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

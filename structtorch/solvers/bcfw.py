@@ -58,13 +58,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from ..energies import Energy
-from ..graph import Graph
+from ..graph import Graph, component_labels
 from ..inference import smoothed_lp, tree_kbest, tree_map
 from ..inference.kbest import ensemble_search
 from ..potentials import Potentials
@@ -226,7 +223,10 @@ class BCFW:
         self.mask = check_mask(mask, M, num_examples, ref.device)
         self.count = self.mask.sum(1).to(ref.dtype)  # N_m
         self.scale = 1.0 / (self.lam * self.count)  # s_m = 1 / (lambda_m N_m)
-        self.num_comp, self.node_comp = _components(energy.graph, ref.device)
+        g = energy.graph  # ensembles: the components of the union of the trees' edges
+        self.node_comp = torch.as_tensor(component_labels(g.num_nodes, g.edges.reshape(-1, 2).numpy()),
+                                         dtype=torch.long, device=ref.device)
+        self.num_comp = int(self.node_comp.max()) + 1
         if margin == "zero_one":  # the 0/1 loss couples the components: one block per example
             self.num_comp, self.node_comp = 1, torch.zeros_like(self.node_comp)
         self.edge_comp = self.node_comp[energy.graph.edges.reshape(-1, 2)[:, 0].to(ref.device)]
@@ -610,14 +610,6 @@ def _gauss_seidel(A: torch.Tensor, g: torch.Tensor, ok: torch.Tensor, sweeps: in
             r += cols[i] * (new - old).unsqueeze(-1)
             gam[i] = new
     return gam.permute(1, 2, 0)
-
-
-def _components(graph: Graph, device: torch.device) -> tuple[int, torch.Tensor]:
-    """Number of connected components C and the component of each node [n]."""
-    e = graph.edges.reshape(-1, 2).numpy()
-    adj = coo_matrix((np.ones(len(e)), (e[:, 0], e[:, 1])), shape=(graph.num_nodes, graph.num_nodes))
-    C, labels = connected_components(adj, directed=False)
-    return int(C), torch.as_tensor(labels, dtype=torch.long, device=device)
 
 
 def check_lam(lam: float | torch.Tensor, M: int, ref: torch.Tensor) -> torch.Tensor:
