@@ -11,14 +11,19 @@ paths included, so inference costs O(log n) batched tensor operations.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-__all__ = ["Graph", "Schedule", "Step", "check_int", "component_labels", "contraction_steps", "root_forest"]
+__all__ = ["Graph", "Schedule", "Step", "check_int", "choose_schedule", "component_labels", "contraction_steps",
+           "root_forest"]
+
+S = TypeVar("S")  # a schedule: ``steps``, ``num_raked``, ``num_compressed``
 
 
 @dataclass(frozen=True)
@@ -252,6 +257,28 @@ class Graph:
         if (name, str(device)) not in self._cache:
             self._cache[(name, str(device))] = self._cache[(name, "cpu")].to(device)
         return self._cache[(name, str(device))]
+
+
+# ---------------------------------------------------------------------- schedule choice
+def choose_schedule(build: Callable[[bool], S], raked: int, compressed: int, step_cost: dict[str, float],
+                    unit_cost: dict[str, float], device: torch.device) -> S:
+    """The rake + compress schedule ``build(True)`` (O(log n) steps) or the rake-only ``build(False)``
+    (O(height) steps, less work per removed node), whichever a cost model estimates faster on ``device``:
+    len(steps) * step_cost + (num_raked * raked + num_compressed * compressed) * unit_cost, with ``raked`` and
+    ``compressed`` the work units (elements, candidates) of one removed node of the op and the costs (seconds)
+    by device type ("cpu"; any other type reads "cuda"). Both schedules are exact: the model only decides
+    speed. ``build(False)`` is not built when ``build(True)`` compresses nothing (the two are then the same)."""
+    kind = device.type if device.type in step_cost else "cuda"
+
+    def seconds(sched: S) -> float:
+        work = sched.num_raked * raked + sched.num_compressed * compressed
+        return len(sched.steps) * step_cost[kind] + work * unit_cost[kind]
+
+    contract = build(True)
+    if contract.num_compressed == 0:
+        return contract
+    levels = build(False)
+    return levels if seconds(levels) < seconds(contract) else contract
 
 
 # ---------------------------------------------------------------------- argument checks
