@@ -64,6 +64,7 @@ from ..energies import Energy
 from ..graph import Graph, component_labels
 from ..inference import smoothed_lp, tree_kbest, tree_map
 from ..inference.kbest import ensemble_search
+from ..losses import hamming_margin
 from ..potentials import Potentials
 from .certificate import GapInfo, certificate
 
@@ -409,7 +410,7 @@ class BCFW:
         m_u, m_p = one_hot_marginals(y, self.energy.graph, K, U.dtype)
         score = (U * m_u).sum((-1, -2)) + (P * m_p).sum((-1, -2, -3))  # [M, B]
         if self.margin == "hamming":
-            delta = self.margin_scale * (1.0 - m_u)
+            delta = hamming_margin(y, K, self.margin_scale, U.dtype)
             value, mh_u, mh_p = self.oracle(self._potentials(U + delta, P))
             value = torch.maximum(value, score)  # y_i itself is an assignment (Delta = 0): the max is >= its score
             loss = self._per_component((delta * mh_u).sum(-1), P.new_zeros(()).expand(*score.shape, P.shape[-3]))

@@ -35,6 +35,7 @@ import torch
 from ..energies import Energy
 from ..graph import Graph
 from ..inference import smoothed_lp, tree_logz, tree_map
+from ..losses import hamming_margin
 from ..optim import BatchedLBFGS
 from ..potentials import Potentials
 from ..structure.circuit_rank import circuit_rank
@@ -219,7 +220,7 @@ class SmoothedHinge:
         self.y = pot.check_labels(y)
         K = pot.num_states
         self.m_u, self.m_p = one_hot_marginals(self.y, energy.graph, K, ref.dtype)  # [N, n, K], [N, E, K, K]
-        self.delta = margin_scale * (1.0 - self.m_u)
+        self.delta = hamming_margin(self.y, K, margin_scale, ref.dtype)
         self.fixed_eps = eps is not None
         self.eps = torch.full_like(self.lam, float(eps) if self.fixed_eps else float(margin_scale))  # [M]
         self.last: GapInfo | None = None
