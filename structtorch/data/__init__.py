@@ -6,14 +6,10 @@ Domke's denoising images) give ``(GridInputs, y [B, h * w], index [B])``.
 """
 
 from ..folds import fold_assignment, kfold_indices, train_val_indices
+from ..inputs import Standardizer
 from ..structure import pruefer_decode
 from .arff import ArffAttribute, ArffData, load_arff
-from .datamodule import (
-    MultilabelDataModule,
-    Standardizer,
-    SyntheticDataModule,
-    TreeCRFSyntheticDataModule,
-)
+from .datamodule import MultilabelDataModule, SyntheticDataModule, TreeCRFSyntheticDataModule
 from .denoising import DenoisingImages, denoising_images
 from .download import DownloadError, fetch_mulan, fill_cache_from, mulan_cache_dir, mulan_datasets
 from .grid import DenoisingDataModule, GridDataModule, GridDataset

@@ -10,53 +10,19 @@ they call ``setup()`` on first access, which is idempotent and independent of ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from ..folds import kfold_indices, train_val_indices
+from ..inputs import Standardizer
 from .download import fetch_mulan, mulan_datasets, mulan_files
 from .mulan import load_mulan_splits
 from .synthetic import crank_synthetic
 from .tree_crf_synthetic import tree_crf_synthetic
 
-__all__ = ["EpochShuffle", "MultilabelDataModule", "Shard", "Standardizer", "SyntheticDataModule",
-           "TreeCRFSyntheticDataModule", "indexed_dataset"]
-
-
-@dataclass
-class Standardizer:
-    """Per-feature affine standardisation ``(x - mean) / std`` fitted on training data only.
-
-    mean, std: [D]. Features constant on the training set (std < eps) get std = 1, so they map
-    to 0 instead of blowing up. Missing values (NaN) are ignored by ``fit`` and imputed with the
-    training mean by ``transform`` / ``impute`` (0 after standardisation).
-    """
-
-    mean: torch.Tensor
-    std: torch.Tensor
-
-    @classmethod
-    def fit(cls, x: torch.Tensor, eps: float = 1e-8) -> Standardizer:
-        """Statistics of x [N, D] (population std, NaN ignored)."""
-        if x.dim() != 2 or x.shape[0] == 0:
-            raise ValueError(f"Standardizer.fit needs x of shape [N >= 1, D], got {tuple(x.shape)}")
-        x = x.to(torch.float64)
-        mean = torch.nan_to_num(x.nanmean(0), nan=0.0)
-        var = torch.nan_to_num((x - mean).square().nanmean(0), nan=1.0)
-        std = var.sqrt()
-        std = torch.where(std < eps, torch.ones_like(std), std)
-        return cls(mean.float(), std.float())
-
-    def transform(self, x: torch.Tensor) -> torch.Tensor:
-        """Standardised x [N, D] (float32); NaN -> 0 (the training mean)."""
-        return torch.nan_to_num((x.float() - self.mean) / self.std, nan=0.0)
-
-    def impute(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, D] with NaN replaced by the training mean, otherwise unchanged."""
-        return torch.where(torch.isnan(x), self.mean.to(x.dtype), x)
+__all__ = ["EpochShuffle", "MultilabelDataModule", "Shard", "SyntheticDataModule", "TreeCRFSyntheticDataModule",
+           "indexed_dataset"]
 
 
 def indexed_dataset(x: torch.Tensor, y: torch.Tensor) -> TensorDataset:

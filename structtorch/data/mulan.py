@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..folds import train_val_indices
 from .arff import ArffData, load_arff
 from .download import fetch_mulan, mulan_datasets, mulan_files
 
@@ -218,13 +219,13 @@ def _train_path(paths: dict[str, str], root: str | os.PathLike | None, name: str
 
 
 def _split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded split of range(n) into sorted train and test indices, at least one each (``train_val_indices``)."""
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}")
     if n < 2:
         raise ValueError(f"cannot split {n} example(s) into train and test")
-    n_test = min(n - 1, max(1, round(test_fraction * n)))
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy()
-    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+    train, test = train_val_indices(n, test_fraction, seed)
+    return train.numpy(), test.numpy()
 
 
 def _label_columns(data: ArffData, label_names: list[str] | None, label_attributes: int | None) -> list[int]:

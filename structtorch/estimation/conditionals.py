@@ -23,6 +23,7 @@ import math
 import torch
 
 from ..folds import fold_assignment
+from ..inputs import Standardizer
 from ..optim import BatchedLBFGS, backtrack
 from ..solvers.proximal import BatchedFISTA
 
@@ -53,7 +54,8 @@ def conditional_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.
     if estimator == "table" or (estimator == "auto" and log_cells is not None
                                 and log_cells <= math.log(max_table_cells) + 1e-9):
         return table_log_probs(x, target, subsets, num_classes)
-    return logistic_cv_log_probs(_standardize(x), target, subsets, num_classes, lambdas, cv_folds, seed)[0]
+    xs = Standardizer.fit(x, dtype=torch.float64).transform(x)
+    return logistic_cv_log_probs(xs, target, subsets, num_classes, lambdas, cv_folds, seed)[0]
 
 
 def _log_table_cells(x: torch.Tensor, subsets: torch.Tensor) -> float | None:
@@ -78,11 +80,6 @@ def table_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.Tensor
         0, flat.reshape(-1), torch.ones(R * N, dtype=torch.float64, device=x.device)).view(R, cfg, C) + 1.0
     log_p = counts.log() - counts.sum(-1, keepdim=True).log()
     return log_p.gather(1, code[:, :, None].expand(R, N, C))
-
-
-def _standardize(x: torch.Tensor) -> torch.Tensor:
-    x = x.to(torch.float64)
-    return (x - x.mean(0)) / x.std(0, unbiased=False).clamp_min(1e-12)
 
 
 def _design(x: torch.Tensor, subsets: torch.Tensor) -> torch.Tensor:
@@ -219,7 +216,7 @@ def select_inputs(x: torch.Tensor, y: torch.Tensor, num_inputs: int = 10, streng
     """
     if not 1 <= num_inputs:
         raise ValueError(f"num_inputs must be >= 1, got {num_inputs}")
-    xs = _standardize(x)
+    xs = Standardizer.fit(x, dtype=torch.float64).transform(x)
     N, D = xs.shape
     n, K = y.shape[1], max(int(y.max()) + 1, 2)
     onehot = torch.nn.functional.one_hot(y.T, K).to(xs.dtype)  # [n, N, K]
