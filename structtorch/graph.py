@@ -11,6 +11,8 @@ paths included, so inference costs O(log n) batched tensor operations.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -20,8 +22,8 @@ import torch
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-__all__ = ["Graph", "Schedule", "Step", "check_int", "choose_schedule", "component_labels", "contraction_steps",
-           "root_forest"]
+__all__ = ["ArgumentTypeError", "Graph", "Schedule", "Step", "check_float", "check_int", "choose_schedule",
+           "component_labels", "contraction_steps", "root_forest"]
 
 S = TypeVar("S")  # a schedule: ``steps``, ``num_raked``, ``num_compressed``
 
@@ -282,13 +284,38 @@ def choose_schedule(build: Callable[[bool], S], raked: int, compressed: int, ste
 
 
 # ---------------------------------------------------------------------- argument checks
-def check_int(value: object, name: str, minimum: int) -> int:
-    """``value`` as an int (Python or numpy integer, not bool), or TypeError / ValueError naming ``name``."""
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type: a TypeError that is also a ValueError (most of the package's argument checks
+    raised ValueError for a bad type too before ``check_int`` / ``check_float`` served them all)."""
+
+
+def check_int(value: object, name: str, minimum: int | None = None, maximum: int | None = None,
+              expected: str | None = None) -> int:
+    """``value`` as an int (a Python or numpy integer, not a bool) in [minimum, maximum] (None: unbounded), else
+    ``ArgumentTypeError`` (not an integer) or ValueError (out of range): "<name> must be <expected>, got <value>",
+    ``expected`` by default "an int" (type) or ">= minimum" / "<= maximum" / "in [minimum, maximum]" (range)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise ArgumentTypeError(f"{name} must be {expected or 'an int'}, got {type(value).__name__} {value!r}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        bounds = f"in [{minimum}, {maximum}]" if minimum is not None and maximum is not None \
+            else f">= {minimum}" if minimum is not None else f"<= {maximum}"
+        raise ValueError(f"{name} must be {expected or bounds}, got {value!r}")
     return int(value)
+
+
+def check_float(value: object, name: str, minimum: float | None = None, strict: bool = True, finite: bool = False,
+                expected: str | None = None) -> float:
+    """``value`` as a float (a real number: Python or numpy, not a bool), > ``minimum`` (>= when not ``strict``; NaN
+    never passes a bound) and finite if ``finite``, else ``ArgumentTypeError`` (not a real number) or ValueError:
+    "<name> must be <expected>, got <value>", ``expected`` by default "a [finite] number [> minimum]"."""
+    what = expected or " ".join(["a", *(["finite"] if finite else []), "number",
+                                 *([f"{'>' if strict else '>='} {minimum:g}"] if minimum is not None else [])])
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
+    low = minimum is None or (value > minimum if strict else value >= minimum)
+    if not low or (finite and not math.isfinite(value)):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return float(value)
 
 
 def _as_edge_tensor(edges: object) -> torch.Tensor:

@@ -8,11 +8,11 @@ example, instead of a +inf / NaN loss that would silently poison training.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 
 import torch
 
+from .graph import check_float
 from .inference import smoothed_lp, tree_logz, tree_map
 from .potentials import Potentials
 
@@ -43,8 +43,7 @@ def hamming_augment(pot: Potentials, y: torch.Tensor, scale: float = 1.0) -> Pot
 
     Ensembles with a per-graph unary [*B, T, n, K] get the same augmentation on every graph.
     """
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    check_float(scale, "scale", finite=True)
     delta = hamming_margin(pot.check_labels(y), pot.num_states, scale, pot.dtype)  # [*B, n, K]
     if pot.unary_per_graph:
         delta = delta.unsqueeze(-3)  # [*B, 1, n, K] against unary [*B, T, n, K]

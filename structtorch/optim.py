@@ -9,6 +9,8 @@ from collections.abc import Callable
 
 import torch
 
+from .graph import check_int
+
 __all__ = ["BatchedLBFGS", "ModelSlices", "backtrack", "minimize"]
 
 
@@ -77,9 +79,8 @@ class BatchedLBFGS:
         if num_models is not None and any(p.dim() == 0 or p.shape[0] != num_models for p in params):
             raise ValueError(f"with num_models={num_models} every parameter needs a leading [M={num_models}] dim, "
                              f"got shapes {[tuple(p.shape) for p in params]}")
-        if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
-            raise ValueError(f"history_size must be a positive int, got {history_size!r}")
-        self.params, self.objective, self.history_size = params, objective, history_size
+        self.params, self.objective = params, objective
+        self.history_size = check_int(history_size, "history_size", 1)
         self.M = 1 if num_models is None else num_models
         self.slices = ModelSlices(params, num_models)
         ref = params[0]

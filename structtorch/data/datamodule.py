@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from ..folds import kfold_indices, train_val_indices
+from ..graph import check_int
 from ..inputs import Standardizer
 from .download import fetch_mulan, mulan_datasets, mulan_files
 from .mulan import load_mulan_splits
@@ -128,14 +129,12 @@ class _TensorDataModule(EpochLoaders):
         super().__init__()
         if fold_pool not in ("train+test", "train"):
             raise ValueError(f"fold_pool must be 'train+test' or 'train', got {fold_pool!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_int(batch_size, "batch_size", 1)
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must lie in [0, 1), got {val_fraction}")
-        if num_folds is not None and (not isinstance(num_folds, int) or num_folds < 2):
-            raise ValueError(f"num_folds must be None or an int >= 2, got {num_folds!r}")
-        if num_folds is not None and not 0 <= fold < num_folds:
-            raise ValueError(f"fold must lie in [0, num_folds={num_folds}), got {fold!r}")
+        if num_folds is not None:
+            check_int(num_folds, "num_folds", 2, expected="None or an int >= 2")
+            check_int(fold, "fold", 0, num_folds - 1, f"an int in [0, num_folds={num_folds})")
         self.batch_size, self.val_fraction, self.seed = batch_size, val_fraction, seed
         self.num_folds, self.fold, self.fold_pool = num_folds, fold, fold_pool
         self.num_workers, self.standardize = num_workers, standardize

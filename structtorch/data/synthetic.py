@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..graph import Graph
+from ..graph import Graph, check_int
 from ..inference import tree_map
 from ..potentials import Potentials
 from ..structure import pruefer_decode
@@ -85,8 +85,7 @@ def crank_synthetic(num_train: int, num_test: int, num_labels: int = 10, num_fea
     """
     for arg, v, lo in (("num_train", num_train, 0), ("num_test", num_test, 0), ("num_labels", num_labels, 1),
                        ("num_features", num_features, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{arg} must be an int >= {lo}, got {v!r}")
+        check_int(v, arg, lo)
     scale = float(np.sqrt(num_features)) if pairwise_scale is None else float(pairwise_scale)
     model_rng, test_rng, train_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
     tree = random_tree(num_labels, model_rng)
@@ -148,8 +147,7 @@ def sparse_multilabel(num_examples: int, num_features: int = 1449, num_labels: i
     """
     for arg, v, lo in (("num_examples", num_examples, 1), ("num_features", num_features, 1),
                        ("num_labels", num_labels, 1), ("keywords", keywords, 3), ("background", background, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{arg} must be an int >= {lo}, got {v!r}")
+        check_int(v, arg, lo)
     gen = torch.Generator().manual_seed(seed)
     N, D, n = num_examples, num_features, num_labels
     label_p = torch.arange(1, n + 1, dtype=torch.float64) ** -1.3

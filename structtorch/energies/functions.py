@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..graph import check_int
 from ..optim import minimize
 
 __all__ = ["ConstantFunction", "LinearFunction", "LocalFunction", "ZeroFunction", "biased_logistic_loss",
@@ -75,9 +76,7 @@ class _LBFGSFunction(LocalFunction):
 
     def __init__(self, in_features: int, out_features: int, fit_iters: int = 50) -> None:
         super().__init__(in_features, out_features)
-        if isinstance(fit_iters, bool) or not isinstance(fit_iters, int) or fit_iters < 1:
-            raise ValueError(f"fit_iters must be a positive int, got {fit_iters!r}")
-        self.fit_iters = fit_iters
+        self.fit_iters = check_int(fit_iters, "fit_iters", 1)
 
     def fit(self, x, bias, target, generator=None) -> float:
         check_fit_args(self, x, bias, target)

@@ -23,6 +23,7 @@ import math
 import torch
 
 from ..folds import fold_assignment
+from ..graph import check_int
 from ..inputs import Standardizer
 from ..optim import BatchedLBFGS, backtrack
 from ..solvers.proximal import BatchedFISTA
@@ -179,8 +180,7 @@ def logistic_cv_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.
     ``cv_folds``-fold cross-validation over ``lambdas`` (held-out log-likelihood), refit on all N; and the
     chosen penalty's index into ``lambdas`` [R]. Folds: ``fold_assignment(N, cv_folds, seed)``."""
     R, N = target.shape
-    if cv_folds < 2 or cv_folds > N:
-        raise ValueError(f"cv_folds must be in [2, N={N}], got {cv_folds}")
+    check_int(cv_folds, "cv_folds", 2, N, f"in [2, N={N}]")
     x = x.to(torch.float64)
     fold = fold_assignment(N, cv_folds, seed).to(x.device)
     held = torch.nn.functional.one_hot(fold, cv_folds).T.to(x.dtype)  # [k, N]
@@ -214,8 +214,7 @@ def select_inputs(x: torch.Tensor, y: torch.Tensor, num_inputs: int = 10, streng
     strength: the l1 weight as a fraction of the smallest weight that zeroes every coefficient; columns
     with equal (e.g. zero) weight are ranked by their gradient at zero (their correlation with y_i).
     """
-    if not 1 <= num_inputs:
-        raise ValueError(f"num_inputs must be >= 1, got {num_inputs}")
+    check_int(num_inputs, "num_inputs", 1)
     xs = Standardizer.fit(x, dtype=torch.float64).transform(x)
     N, D = xs.shape
     n, K = y.shape[1], max(int(y.max()) + 1, 2)

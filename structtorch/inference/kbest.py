@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..graph import Graph, Step, choose_schedule, contraction_steps, root_forest
+from ..graph import Graph, Step, check_int, choose_schedule, contraction_steps, root_forest
 from ..potentials import Potentials
 
 __all__ = ["EnsembleSearch", "cheapest_schedule", "tree_kbest", "ensemble_map", "ensemble_search", "ensemble_union"]
@@ -284,8 +284,7 @@ def tree_kbest(pot: Potentials, k: int, exclude: torch.Tensor | None = None) -> 
     """
     if not isinstance(pot, Potentials):
         raise TypeError(f"tree_kbest expects a structtorch.Potentials, got {type(pot).__name__}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
+    check_int(k, "k", 1, expected="a positive int")
     pot.graph.require_forest("tree_kbest")
     g, batch = pot.graph, pot.batch_shape
     sched = cheapest_schedule(g, pot.batch_shape.numel(), pot.num_states, k + (exclude is not None), pot.device)
@@ -342,11 +341,9 @@ def ensemble_search(pot: Potentials, k: int, k_max: int | None = None, exclude: 
     if not isinstance(pot, Potentials) or not pot.graph.is_ensemble:
         raise ValueError("ensemble_map needs Potentials on an ensemble graph (edges [T, n-1, 2])")
     pot.graph.require_spanning_trees("ensemble_map")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
+    check_int(k, "k", 1, expected="a positive int")
     k_max = k if k_max is None else k_max
-    if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < k:
-        raise ValueError(f"k_max must be an int >= k={k}, got {k_max!r}")
+    check_int(k_max, "k_max", k, expected=f"an int >= k={k}")
     u, p = pot.expanded()
     batch, n = pot.batch_shape, pot.graph.num_nodes
     u = u.reshape(-1, *u.shape[-3:])

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..graph import Graph
+from ..graph import Graph, check_float, check_int
 from ..potentials import Potentials
 from . import fused
 from .tree import exp_serial, index_add_rows, log_ge1
@@ -374,9 +374,7 @@ def _check_eps(eps: float | torch.Tensor, pot: Potentials) -> float | torch.Tens
         if not bool((torch.isfinite(flat) & (flat > 0)).all()):
             raise ValueError("eps must be finite and > 0 everywhere")
         return flat.to(device=pot.device, dtype=pot.dtype)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
-        raise ValueError(f"eps must be a finite number > 0 (or a tensor of them), got {eps!r}")
-    return float(eps)
+    return check_float(eps, "eps", 0.0, finite=True, expected="a finite number > 0 (or a tensor of them)")
 
 
 def _check_args(pot: Potentials, iters: int, tol: float | None) -> None:
@@ -385,11 +383,9 @@ def _check_args(pot: Potentials, iters: int, tol: float | None) -> None:
     if pot.graph.is_ensemble:
         raise ValueError("smoothed_lp needs a single graph (edges [E, 2]), got an ensemble; "
                          "run each member graph separately")
-    if isinstance(iters, bool) or not isinstance(iters, (int, np.integer)) or iters < 0:
-        raise ValueError(f"iters must be an int >= 0, got {iters!r}")
-    if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float))
-                            or math.isnan(tol) or tol < 0):
-        raise ValueError(f"tol must be None or a number >= 0, got {tol!r}")
+    check_int(iters, "iters", 0)
+    if tol is not None:
+        check_float(tol, "tol", 0.0, strict=False, expected="None or a number >= 0")
 
 
 def _init_messages(pot: Potentials, messages: torch.Tensor | None, B: int) -> torch.Tensor:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..graph import Schedule, choose_schedule
+from ..graph import Schedule, check_int, choose_schedule
 from ..potentials import Potentials
 from . import fused
 
@@ -476,8 +476,7 @@ def tree_max_marginals(pot: Potentials) -> torch.Tensor:
 def tree_sample(pot: Potentials, num_samples: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """Exact samples y [num_samples, *B, n] ([num_samples, *B, T, n] for ensembles) from
     P(y) proportional to exp(score(y)), by backward sampling through the contraction."""
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    check_int(num_samples, "num_samples", 1, expected="a positive int")
     u, p, sched, batch = _flat(pot, "tree_sample")
     if batch.numel() == 0:  # an empty batch has empty samples
         return torch.zeros(num_samples, *_lead(batch, pot.graph), pot.graph.num_nodes, dtype=torch.long,

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import torch
 
 from ..energies import Energy
-from ..graph import Graph, component_labels
+from ..graph import Graph, check_float, check_int, component_labels
 from ..inference import smoothed_lp, tree_kbest, tree_map
 from ..inference.kbest import ensemble_search
 from ..losses import hamming_margin
@@ -199,17 +199,14 @@ class BCFW:
             raise TypeError(f"energy must be a structtorch Energy, got {type(energy).__name__}")
         if margin not in self.MARGINS:
             raise ValueError(f"margin must be one of {self.MARGINS}, got {margin!r}")
-        if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
-            raise ValueError(f"num_examples must be a positive int, got {num_examples!r}")
-        for name, v in (("margin_scale", margin_scale), ("bias_reg", bias_reg), ("tol", tol)):
-            if not float(v) > 0:
-                raise ValueError(f"{name} must be > 0, got {v!r}")
+        num_examples = check_int(num_examples, "num_examples", 1)
+        margin_scale, bias_reg, tol = (check_float(v, name, 0.0) for name, v in
+                                       (("margin_scale", margin_scale), ("bias_reg", bias_reg), ("tol", tol)))
         if steps not in ("block", "batch"):
             raise ValueError(f"steps must be 'block' or 'batch', got {steps!r}")
         if steps == "block" and not hasattr(energy, "block_gram"):
             raise TypeError(f"steps='block' needs {type(energy).__name__}.block_gram; use steps='batch'")
-        if isinstance(sweeps, bool) or not isinstance(sweeps, int) or sweeps < 1:
-            raise ValueError(f"sweeps must be a positive int, got {sweeps!r}")
+        sweeps = check_int(sweeps, "sweeps", 1)
         if not isinstance(averaging, bool):
             raise ValueError(f"averaging must be a bool, got {averaging!r}")
         self.averaging = averaging

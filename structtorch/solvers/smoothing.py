@@ -33,7 +33,7 @@ from collections.abc import Callable
 import torch
 
 from ..energies import Energy
-from ..graph import Graph
+from ..graph import Graph, check_float
 from ..inference import smoothed_lp, tree_logz, tree_map
 from ..losses import hamming_margin
 from ..optim import BatchedLBFGS
@@ -194,13 +194,11 @@ class SmoothedHinge:
         if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0] or x.shape[0] < 1:
             raise ValueError(f"x [N, D] and y [N, n] must have the same N >= 1 rows, got {tuple(x.shape)} and "
                              f"{tuple(y.shape)}")
-        for name, v in (("bias_reg", bias_reg), ("tol", tol)):
-            if not float(v) > 0:
-                raise ValueError(f"{name} must be > 0, got {v!r}")
-        if eps is not None and not float(eps) > 0:
-            raise ValueError(f"eps must be None or > 0, got {eps!r}")
-        if not float(margin_scale) >= 0 or (eps is None and not float(margin_scale) > 0):
-            raise ValueError(f"margin_scale must be > 0 (>= 0 with a fixed eps), got {margin_scale!r}")
+        bias_reg, tol = check_float(bias_reg, "bias_reg", 0.0), check_float(tol, "tol", 0.0)
+        if eps is not None:
+            eps = check_float(eps, "eps", 0.0, expected="None or a number > 0")
+        margin_scale = check_float(margin_scale, "margin_scale", 0.0, strict=eps is None,
+                                   expected="a number > 0 (>= 0 with a fixed eps)")
         self.target = energy
         if next(energy.parameters()).dtype != dtype:
             energy = copy.deepcopy(energy).to(dtype)

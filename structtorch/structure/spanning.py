@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..graph import Graph
+from ..graph import Graph, check_int
 
 __all__ = ["check_edge_tensor", "edge_keys", "edges_on", "endpoints", "max_spanning_tree", "pruefer_decode",
            "random_spanning_trees", "spanning_forest", "uniform_spanning_tree"]
@@ -244,14 +244,6 @@ def max_spanning_tree(weights: torch.Tensor, g: Graph) -> torch.Tensor:
     return _max_forest_flat(w.reshape(-1, E), ends, g.num_nodes).reshape(shape)
 
 
-def _check_n(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise TypeError(f"n (number of nodes) must be an int, got {type(n).__name__}")
-    if n < 1:
-        raise ValueError(f"n (number of nodes) must be >= 1, got {n}")
-    return int(n)
-
-
 def random_spanning_trees(n: int, T: int, generator: torch.Generator | None = None) -> Graph:
     """T independent uniform random labelled spanning trees of the complete graph on n nodes.
 
@@ -260,13 +252,9 @@ def random_spanning_trees(n: int, T: int, generator: torch.Generator | None = No
     Returns a Graph with edges [T, n - 1, 2]; each edge is (i, j) with i < j, edges sorted.
     ``generator`` may live on any device; the sampling runs there, the Graph lives on CPU.
     """
-    n = _check_n(n)
-    if isinstance(T, bool) or not isinstance(T, (int, np.integer)):
-        raise TypeError(f"T (number of trees) must be an int, got {type(T).__name__}")
-    if T < 1:
-        raise ValueError(f"T (number of trees) must be >= 1, got {T}")
+    n, T = check_int(n, "n (number of nodes)", 1), check_int(T, "T (number of trees)", 1)
     device = generator.device if generator is not None else torch.device("cpu")
-    seq = torch.randint(0, n, (int(T), max(n - 2, 0)), generator=generator, device=device)
+    seq = torch.randint(0, n, (T, max(n - 2, 0)), generator=generator, device=device)
     return Graph(n, _decode(seq, n).cpu())
 
 
@@ -274,7 +262,7 @@ def pruefer_decode(sequence: torch.Tensor | np.ndarray | list, n: int) -> Graph:
     """The labelled tree on n nodes with Pruefer ``sequence`` [n - 2] (entries in [0, n)), or the T trees of
     sequences [T, n - 2]: a Graph with edges [n - 1, 2] (resp. [T, n - 1, 2]), each edge (i, j) with i < j,
     edges sorted."""
-    n = _check_n(n)
+    n = check_int(n, "n (number of nodes)", 1)
     seq = torch.as_tensor(np.asarray(sequence, dtype=np.int64) if not isinstance(sequence, torch.Tensor)
                           else sequence)
     if seq.dim() not in (1, 2) or seq.shape[-1] != max(0, n - 2) or (seq.numel() and not (
