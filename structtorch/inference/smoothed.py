@@ -46,7 +46,7 @@ from ..potentials import Potentials
 from . import fused
 from .tree import exp_serial, index_add_rows, log_ge1
 
-__all__ = ["SmoothedLPResult", "StarSchedule", "smoothed_lp", "star_schedule", "greedy_colouring"]
+__all__ = ["MarginalValue", "SmoothedLPResult", "StarSchedule", "smoothed_lp", "star_schedule", "greedy_colouring"]
 
 
 # ---------------------------------------------------------------------- schedule (once per graph)
@@ -345,9 +345,11 @@ def _stars(graph: Graph, sched: StarSchedule) -> tuple[torch.Tensor, torch.Tenso
     return order, ptr, torch.argsort(half_node, stable=True)
 
 
-class _DualValue(torch.autograd.Function):
-    """The dual value [B] at fixed messages as a function of the potentials unary [B, n, K], pair [B, E, K, K]:
-    d D / d theta = the pseudo-marginals (eq. 9), computed with the value by the caller."""
+class MarginalValue(torch.autograd.Function):
+    """A value [B] of the potentials unary [B, n, K], pair [B, E, K, K] whose gradient is given marginals mu_u
+    [B, n, K], mu_p [B, E, K, K] computed with it by the caller (Danskin): ``smoothed_lp``'s dual value at fixed
+    messages (its pseudo-marginals, eq. 9) and ``lp_map``'s optimum (the LP's solution). No gradient flows where
+    the value is not finite."""
 
     @staticmethod
     def forward(ctx, unary, pair, value, mu_u, mu_p):  # noqa: D102
@@ -445,7 +447,7 @@ def smoothed_lp(pot: Potentials, eps: float | torch.Tensor, iters: int, messages
             run = _solve(uT, pT, lamT, sched, int(iters), tol, guard=masks is not None)
             lam = _to_external(lamT, sched) * e3
             value, mu_u, mu_p = _dual_and_marginals(uT, pT, lamT, sched, eps)
-    value = _DualValue.apply(unary, pair, value, mu_u, mu_p)
+    value = MarginalValue.apply(unary, pair, value, mu_u, mu_p)
     y = mu_u.argmax(-1).reshape(*batch, n)
     return SmoothedLPResult(
         value=value.reshape(batch),
