@@ -16,10 +16,10 @@ __all__ = ["BatchedLBFGS", "ModelSlices", "backtrack", "minimize"]
 
 def backtrack(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], f0: torch.Tensor, slope: torch.Tensor,
               t: torch.Tensor, max_backtracks: int = 30) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """Backtracking (Armijo) line search of M models at once: each model halves its step t [M] until
-    f(t) <= f0 + 1e-4 t slope (f0, slope: the value and directional derivative at t = 0 [M]; a zero step
+    """Backtracking (Armijo) line search of many models at once: each model halves its step t [*M] until
+    f(t) <= f0 + 1e-4 t slope (f0, slope: the value and directional derivative at t = 0 [*M]; a zero step
     always passes), and gets t = 0 if ``max_backtracks`` tries find no such step. ``evaluate(t)`` returns
-    (f [M], anything else) at steps t [M]. Returns the steps and ``evaluate`` at them."""
+    (f [*M], anything else) at steps t [*M]. Returns the steps and ``evaluate`` at them."""
     for _ in range(max_backtracks):
         out = evaluate(t)
         ok = (out[0] <= f0 + 1e-4 * t * slope) | (t == 0)
