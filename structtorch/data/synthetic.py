@@ -14,18 +14,18 @@ prefix of a larger one (nested learning curves).
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..graph import Graph
+from ..graph import Graph, check_int
 from ..inference import tree_map
 from ..potentials import Potentials
+from ..structure import pruefer_decode
 
-__all__ = ["CrankSynthetic", "complete_index", "crank_potentials", "crank_synthetic", "pruefer_decode",
-           "random_tree", "sparse_multilabel"]
+__all__ = ["CrankSynthetic", "complete_index", "crank_potentials", "crank_synthetic", "random_tree",
+           "sparse_multilabel"]
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,7 @@ def crank_synthetic(num_train: int, num_test: int, num_labels: int = 10, num_fea
     """
     for arg, v, lo in (("num_train", num_train, 0), ("num_test", num_test, 0), ("num_labels", num_labels, 1),
                        ("num_features", num_features, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{arg} must be an int >= {lo}, got {v!r}")
+        check_int(v, arg, lo)
     scale = float(np.sqrt(num_features)) if pairwise_scale is None else float(pairwise_scale)
     model_rng, test_rng, train_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
     tree = random_tree(num_labels, model_rng)
@@ -116,30 +115,6 @@ def random_tree(n: int, rng: np.random.Generator | int | None = None) -> Graph:
     rng = np.random.default_rng(rng)
     seq = rng.integers(0, n, size=max(0, n - 2)) if n >= 2 else np.zeros(0, dtype=np.int64)
     return pruefer_decode(seq, n)
-
-
-def pruefer_decode(sequence: np.ndarray | list[int], n: int) -> Graph:
-    """The labelled tree on n nodes with Pruefer ``sequence`` (length n - 2); edges (i < j), sorted."""
-    seq = [int(s) for s in sequence]
-    if n < 1 or len(seq) != max(0, n - 2) or any(not 0 <= s < n for s in seq):
-        raise ValueError(f"a Pruefer sequence for n={n} has n-2 entries in [0, n), got {seq}")
-    if n == 1:
-        return Graph.empty(1)
-    degree = [1] * n
-    for s in seq:
-        degree[s] += 1
-    leaves = [v for v in range(n) if degree[v] == 1]
-    heapq.heapify(leaves)
-    edges = []
-    for s in seq:
-        leaf = heapq.heappop(leaves)
-        edges.append((min(leaf, s), max(leaf, s)))
-        degree[s] -= 1
-        if degree[s] == 1:
-            heapq.heappush(leaves, s)
-    a, b = heapq.heappop(leaves), heapq.heappop(leaves)
-    edges.append((min(a, b), max(a, b)))
-    return Graph(n, torch.tensor(sorted(edges), dtype=torch.long))
 
 
 def _map_labels(x: torch.Tensor, unary_weights: torch.Tensor, pairwise_weights: torch.Tensor,
@@ -172,8 +147,7 @@ def sparse_multilabel(num_examples: int, num_features: int = 1449, num_labels: i
     """
     for arg, v, lo in (("num_examples", num_examples, 1), ("num_features", num_features, 1),
                        ("num_labels", num_labels, 1), ("keywords", keywords, 3), ("background", background, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{arg} must be an int >= {lo}, got {v!r}")
+        check_int(v, arg, lo)
     gen = torch.Generator().manual_seed(seed)
     N, D, n = num_examples, num_features, num_labels
     label_p = torch.arange(1, n + 1, dtype=torch.float64) ** -1.3

@@ -23,7 +23,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from ..energies import Energy
 from ..folds import fold_assignment
-from ..graph import Graph
+from ..graph import Graph, check_float, check_int
 from ..inference import tree_kbest, tree_map
 from ..losses import crf_nll, map_value, smoothed_lp_hinge, structured_hinge, zero_one_hinge
 from ..metrics import ExampleF1, HammingAccuracy, PerLabelCounts, SubsetAccuracy, multilabel_metrics
@@ -108,16 +108,13 @@ class StructuredLearner(L.LightningModule):
             raise ValueError(f"margin must be one of {BCFW.MARGINS}, got {margin!r}")
         if solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
-        for name, v in (("tol", tol), ("bias_reg", bias_reg)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ValueError(f"{name} must be a number > 0, got {v!r}")
-        if isinstance(solver_iters, bool) or not isinstance(solver_iters, int) or solver_iters < 1:
-            raise ValueError(f"solver_iters must be a positive int, got {solver_iters!r}")
+        check_float(tol, "tol", 0.0)
+        check_float(bias_reg, "bias_reg", 0.0)
+        check_int(solver_iters, "solver_iters", 1)
         if not isinstance(bcfw_averaging, bool):
             raise ValueError(f"bcfw_averaging must be a bool, got {bcfw_averaging!r}")
         self.l2_grid = _check_l2(l2)
-        if isinstance(cv_folds, bool) or not isinstance(cv_folds, int) or cv_folds < 2:
-            raise ValueError(f"cv_folds must be an int >= 2, got {cv_folds!r}")
+        check_int(cv_folds, "cv_folds", 2)
         if cv_metric not in CV_METRICS:
             raise ValueError(f"cv_metric must be one of {sorted(CV_METRICS)}, got {cv_metric!r}")
         #: None for one l2; else the batched models of the grid, len(l2) * (cv_folds + 1)
@@ -456,9 +453,10 @@ def _cv_score(name: str, y_hat: torch.Tensor, y: torch.Tensor) -> float:
 
 def _check_l2(l2: Any) -> list[float]:
     values = [l2] if isinstance(l2, (int, float, str)) else list(l2)  # a number, or a list / ListConfig
-    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 for v in values):
-        raise ValueError(f"l2 must be a number >= 0 or a non-empty list of them, got {l2!r}")
-    return [float(v) for v in values]
+    what = "a number >= 0 or a non-empty list of them"
+    if not values:
+        raise ValueError(f"l2 must be {what}, got {l2!r}")
+    return [check_float(v, "l2", 0.0, strict=False, expected=what) for v in values]
 
 
 def _lookup(what: str | Callable, registry: dict[str, Callable], name: str) -> Callable:

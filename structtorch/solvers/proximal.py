@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from .lbfgs import ModelSlices
+from ..optim import ModelSlices
 
 __all__ = ["BatchedFISTA"]
 
