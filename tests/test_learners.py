@@ -291,12 +291,32 @@ def test_base_learner_with_explicit_energy(dm):
     assert model.energy is energy
     assert "energy" not in model.hparams
     x, y = dm.train_tensors
+    with pytest.raises(RuntimeError, match="model.l2=auto is set from the number of training examples"):
+        model.training_step((x[:16], y[:16]), 0)
+    assert model.resolve_l2(len(x)) == [StructuredLearner.auto_l2 / len(x)]
     loss = model.training_step((x[:16], y[:16]), 0)  # the gradient strategy's loss: hinge + l2
     assert loss.ndim == 0 and torch.isfinite(loss)
     loss.backward()
     assert energy.unary.weight.grad is not None and energy.edge_weight.grad is not None
     # hinge at zero weights: every label is predicted wrong by the loss-augmented argmax
     assert loss.item() == pytest.approx(dm.num_labels, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", ["independent", "tree_crf", "rta"])
+def test_default_l2_scales_with_the_training_set(name, dm):
+    """model.l2=auto is the learner's auto_l2 / N at fit start (in metrics.json's solver report): the same weight
+    per example at any N; a given l2 is kept as given."""
+    x, y = dm.train_tensors
+    for rows in (len(x), len(x) // 3):
+        small = SyntheticDataModule(num_train=rows, num_test=10, num_labels=dm.num_labels, val_fraction=0.0, seed=0)
+        model = LEARNERS[name](dm.num_features, dm.num_labels)
+        L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                  enable_model_summary=False).fit(model, datamodule=small)
+        assert model.solver_report()["l2"] == [pytest.approx(type(model).auto_l2 / rows)]
+    given = LEARNERS[name](dm.num_features, dm.num_labels, l2=0.25)
+    assert given.l2_grid == [0.25] and given.resolve_l2(17) == [0.25]
+    with pytest.raises(ValueError, match="l2 must be 'auto', a number >= 0 or a non-empty list"):
+        LEARNERS[name](dm.num_features, dm.num_labels, l2="automatic")
 
 
 def test_custom_inference_callables_are_used(dm):

@@ -53,16 +53,20 @@ class RTA(StructuredLearner):
         normalize: unit-norm joint features per tree (phi_hat of the paper).
         margin: "hamming" (the default: margin = Hamming distance) or "zero_one" (Def. 6: margin 1 against the
             worst violator).
-        l2: lambda above (a number, or a grid chosen by CV); with unit-norm features it is small (1e-4).
+        l2: lambda above (a number, or a grid chosen by CV); "auto" (default): ``auto_l2`` / N, small with
+            unit-norm features (1e-4 at N = 1000).
         bias_reg: the biases' regulariser relative to l2: 1, a constant input of the same norm as varphi(x)
             (much smaller values make BCFW's steps crawl along the bias).
         Other args as ``StructuredLearner``. The solver is BCFW (certified) by default; adam/sgd run the same
         hinge by gradient steps.
     """
 
+    #: model.l2=auto: lambda = 0.1 / N, the 1e-4 of rta_table1's protocol at N = 1000 (unit-norm features)
+    auto_l2 = 0.1
+
     def __init__(self, num_features: int, num_labels: int, num_trees: int = 10, k: int = 8,
                  k_max: int | None = None, seed: int = 0, normalize: bool = True, margin: str = "hamming",
-                 l2: float | list[float] = 1e-4, bias_reg: float = 1.0, **kwargs) -> None:
+                 l2: float | list[float] | str = "auto", bias_reg: float = 1.0, **kwargs) -> None:
         for name, v, low in (("num_trees", num_trees, 1), ("k", k, 1), ("num_labels", num_labels, 2)):
             check_int(v, f"RTA: {name}", low)
         k_max = max(k, min(2 * num_labels, 32)) if k_max is None else k_max

@@ -40,6 +40,10 @@ class TreeCRF(StructuredLearner):
         Other args as ``StructuredLearner`` (loss defaults to "crf", solver "auto" = certified L-BFGS).
     """
 
+    #: model.l2=auto: lambda = 200 / N; 5-fold CV chose lambda = 0.3 on scene, emotions and yeast (N = 969, 313,
+    #: 1200 per fold: 290 / N, 94 / N, 360 / N; ``experiments/results/baselines_mulan.md``)
+    auto_l2 = 200.0
+
     def __init__(self, num_features: int, num_labels: int, score: str = "dci", inputs: str = "l1",
                  num_inputs: int = 10, local_unary: bool = False, num_states: int = 2, score_folds: int = 5,
                  loss: str = "crf", **kwargs: Any) -> None:
