@@ -197,6 +197,7 @@ class SyntheticDataConfig(GeneratedDataConfig):
     num_labels: int = 10
     num_features: int = 4
     pairwise_scale: Any = None
+    pairwise_mean: float = 0.0
 
 
 @dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
+from conftest import EXCLUSIONS, beats_independent
 
 from structtorch import Graph, Potentials
 from structtorch.data import SyntheticDataModule, random_tree
@@ -50,8 +51,10 @@ def majority_subset(y: torch.Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def dm() -> SyntheticDataModule:
-    # labels are the exact MAP of a tree model: FixedTree on the true tree is well specified
-    return SyntheticDataModule(num_train=1000, num_test=1000, num_labels=6, batch_size=32, seed=0)
+    """Labels are the exact MAP of a tree model whose edges are exclusions (conftest.EXCLUSIONS, 1000 examples
+    each side): FixedTree on the true tree is well specified, and Independent cannot represent the labels."""
+    return SyntheticDataModule(**{**EXCLUSIONS, "num_train": 1000, "num_test": 1000, "val_fraction": 0.1},
+                               batch_size=32)
 
 
 def learner(kind: str, dm: SyntheticDataModule, **kwargs) -> StructuredLearner:
@@ -99,10 +102,12 @@ def test_learner_trains_well_above_majority_baseline(kind, trained, dm):
     assert abs((pred == y).all(-1).float().mean().item() - metrics["test/subset_acc"]) < 1e-6
 
 
-def test_true_tree_beats_independent_on_subset_accuracy(trained):
-    ind = trained["independent"][2]["test/subset_acc"]
-    tree = trained["true_tree"][2]["test/subset_acc"]
-    assert tree >= ind + 0.01, (tree, ind)
+@pytest.mark.parametrize("kind", ["true_tree", "chow_liu"])
+def test_the_right_tree_beats_independent(kind, trained):
+    """Trained alike (Adam, 12 epochs), FixedTree on the true tree, and on the Chow-Liu tree of the training labels
+    (the true tree here), beat Independent well outside test noise on exclusion labels (measured: subset 0.784 vs
+    0.630, Hamming 0.951 vs 0.925; the old data gave 0.838 vs 0.795 and asked for +0.01)."""
+    beats_independent(trained[kind][2], trained["independent"][2], subset=0.10, hamming=0.015)
 
 
 def test_fixed_tree_learns_pairwise_weights_and_independent_has_none(trained, dm):

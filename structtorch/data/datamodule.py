@@ -250,17 +250,17 @@ class SyntheticDataModule(_TensorDataModule):
     def __init__(self, num_train: int = 1000, num_test: int = 1000, num_labels: int = 10,
                  num_features: int = 4, batch_size: int = 64, val_fraction: float = 0.1, seed: int = 0,
                  num_folds: int | None = None, fold: int = 0, num_workers: int = 0, standardize: bool = False,
-                 pairwise_scale: float | None = None) -> None:
+                 pairwise_scale: float | None = None, pairwise_mean: float = 0.0) -> None:
         super().__init__(batch_size, val_fraction, seed, num_folds, fold, num_workers, standardize)
         self.save_hyperparameters()
         self.num_train, self.num_test = num_train, num_test
         self._num_labels_arg, self._num_features_arg = num_labels, num_features
-        self.pairwise_scale = pairwise_scale
+        self.pairwise_scale, self.pairwise_mean = pairwise_scale, pairwise_mean
         self.dataset = None
 
     def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[str], list[str]]:
         d = crank_synthetic(self.num_train, self.num_test, self._num_labels_arg, self._num_features_arg,
-                            seed=self.seed, pairwise_scale=self.pairwise_scale)
+                            seed=self.seed, pairwise_scale=self.pairwise_scale, pairwise_mean=self.pairwise_mean)
         self.dataset = d
         feats = [f"x{i}" for i in range(d.num_features)]
         return d.x_train, d.y_train, d.x_test, d.y_test, feats, [f"y{i}" for i in range(d.num_labels)]

@@ -1,7 +1,7 @@
 """Synthetic tree-structured multi-label data (Meshi, Eban, Elidan, Globerson, UAI 2013, Fig. 1).
 
 A uniformly random spanning tree T over the n labels is drawn (a random Pruefer sequence),
-then weights on T: unary ``w_i ~ N(0, I_D)`` and pairwise ``w_ij ~ N(0, s^2)``. Inputs are
+then weights on T: unary ``w_i ~ N(0, I_D)`` and pairwise ``w_ij ~ N(m, s^2)`` (m = 0 in the paper). Inputs are
 ``x ~ N(0, I_D)`` and the label vector is the exact MAP of the Finley-Joachims energy
 
     E(x, y) = sum_i y_i w_i^T x + sum_{(i,j) in T} w_ij y_i y_j,   y in {0, 1}^n,
@@ -77,20 +77,27 @@ class CrankSynthetic:
 
 
 def crank_synthetic(num_train: int, num_test: int, num_labels: int = 10, num_features: int = 4,
-                    seed: int = 0, pairwise_scale: float | None = None) -> CrankSynthetic:
+                    seed: int = 0, pairwise_scale: float | None = None, pairwise_mean: float = 0.0
+                    ) -> CrankSynthetic:
     """Draw a random tree model and label ``num_train`` + ``num_test`` Gaussian inputs by its MAP.
 
     pairwise_scale: standard deviation s of the edge weights; default ``sqrt(num_features)``,
     the standard deviation of a unary score ``w_i^T x``, so that edges matter as much as inputs.
+    pairwise_mean: mean m of the edge weights (default 0, the paper's). A strongly negative m with
+    ``pairwise_scale=0`` makes every tree edge an exclusion (two neighbours are never both 1): the labels
+    are a maximum-weight independent set of the tree, which no per-label linear classifier represents.
+    The same random draws for any m and s, so the tree, the unary weights and the inputs do not change.
     """
     for arg, v, lo in (("num_train", num_train, 0), ("num_test", num_test, 0), ("num_labels", num_labels, 1),
                        ("num_features", num_features, 1)):
         check_int(v, arg, lo)
     scale = float(np.sqrt(num_features)) if pairwise_scale is None else float(pairwise_scale)
+    if isinstance(pairwise_mean, bool) or not isinstance(pairwise_mean, (int, float)) or not np.isfinite(pairwise_mean):
+        raise ValueError(f"pairwise_mean must be a finite number, got {pairwise_mean!r}")
     model_rng, test_rng, train_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
     tree = random_tree(num_labels, model_rng)
     w_unary = torch.from_numpy(model_rng.standard_normal((num_labels, num_features)))
-    w_pair = torch.from_numpy(model_rng.standard_normal(num_labels - 1) * scale)
+    w_pair = torch.from_numpy(model_rng.standard_normal(num_labels - 1) * scale + float(pairwise_mean))
     x_test = torch.from_numpy(test_rng.standard_normal((num_test, num_features))).float()
     x_train = torch.from_numpy(train_rng.standard_normal((num_train, num_features))).float()
     y_train = _map_labels(x_train, w_unary, w_pair, tree)
