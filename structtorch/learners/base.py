@@ -51,9 +51,9 @@ class StructuredLearner(L.LightningModule):
         l2: lambda of the lambda/2 ||w||^2 regulariser (added to the mean loss over the N training examples);
             "auto" (the default): lambda = ``auto_l2`` / N, set when fitting starts, so the regulariser weighs the
             same against each example's loss at N = 300 as at N = 20,000 (liblinear's C = 1 / (lambda N) stays
-            fixed); or a list of lambdas: a regularisation grid, trained with ``cv_folds``-fold cross-validation on the training set as
-            one batched model (len(l2) * (cv_folds + 1) models: every fold of every lambda, and every
-            lambda on the whole training set); after training, the lambda with the best mean held-out
+            fixed); or a list of lambdas: a regularisation grid, trained with ``cv_folds``-fold cross-validation
+            on the training set as one batched model (len(l2) * (cv_folds + 1) models: every fold of every
+            lambda, and every lambda on the whole training set); after training, the lambda with the best mean held-out
             ``cv_metric`` is chosen and its whole-training-set model predicts (``cv_report``). Needs a
             certified solver and an energy built with ``num_models=self.num_models``.
         cv_folds, cv_metric: folds of the grid's cross-validation (>= 2) and its metric: "hamming_acc",
