@@ -46,7 +46,7 @@ def run_process(args: list[str], timeout: int = 600) -> subprocess.CompletedProc
 # Full-batch training: the global batch (data.batch_size = all 400 training examples, no validation
 # split) is literally the same set of examples in both runs, so DDP's averaged gradient equals the
 # single-process one and both optimise the same trajectory.
-DDP_VS_CPU = ["model=fixed_tree", "model.lr=0.1", "seed=0", "data.seed=0", "data.num_train=400",
+DDP_VS_CPU = ["model=fixed_tree", "model.lr=0.1", "model.l2=0.1", "seed=0", "data.seed=0", "data.num_train=400",
               "data.val_fraction=0", "data.batch_size=400", "data.num_test=1000", "data.num_labels=5",
               "trainer.max_epochs=40", "logger=none", "trainer.enable_progress_bar=false",
               "trainer.enable_checkpointing=false"]
