@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -25,11 +26,12 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException, OverrideParseException
 from hydra.types import RunMode
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from .config import register_configs
+from .config import describe_config_error, register_configs
 from .data import DenoisingDataModule, MultilabelDataModule, SyntheticDataModule, TreeCRFSyntheticDataModule
 from .data.download import DownloadError
 from .inference import backend
@@ -307,18 +309,36 @@ def main(cfg: DictConfig) -> float | None:
 
 
 _QUOTE = re.compile(r"^(ckpt_path|resume)=(?!['\"])(.*=.*)$")
+#: what Hydra raises for a config it cannot compose (an unknown option or key, a bad value, an unparsable override)
+CONFIG_ERRORS = (ConfigCompositionException, OverrideParseException)
 
 
 def cli() -> None:
     """``python -m structtorch.train``: quotes checkpoint paths holding '=' (Lightning's
-    ``epoch=59-step=360.ckpt``) for Hydra, and turns Hydra's config errors into exit code 2."""
+    ``epoch=59-step=360.ckpt``) for Hydra, and turns Hydra's config errors into one line and exit code 2."""
     sys.argv = [_QUOTE.sub(lambda m: f"{m.group(1)}='{m.group(2)}'", a) for a in sys.argv]
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors here instead of printing them
     try:
         main()
+    except CONFIG_ERRORS as err:
+        if full_error == "1":  # the user asked for Hydra's whole trace
+            raise
+        print(f"error: {describe_config_error(err)}", file=sys.stderr)
+        sys.exit(2)
     except SystemExit as stop:
-        if stop.code == 1 and not _TASK_STARTED:  # Hydra rejected the config before any job ran
+        if stop.code == 1 and not _TASK_STARTED:  # Hydra rejected the command line before any job ran
             sys.exit(2)
         raise
+    finally:
+        _restore_env("HYDRA_FULL_ERROR", full_error)
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 if __name__ == "__main__":

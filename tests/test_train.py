@@ -160,8 +160,8 @@ def test_unknown_group_option_raises():
 def test_typo_in_a_yaml_file_raises_config_error(tmp_path):
     conf = tmp_path / "conf"
     shutil.copytree(CONF, conf)
-    (conf / "model" / "typo.yaml").write_text("defaults:\n  - model_schema\nname: independent\nlrr: 0.1\n")
-    (conf / "trainer" / "typo.yaml").write_text("defaults:\n  - trainer_schema\nmax_epoch: 3\n")
+    (conf / "model" / "typo.yaml").write_text("defaults:\n  - /model_schema@_here_\nname: independent\nlrr: 0.1\n")
+    (conf / "trainer" / "typo.yaml").write_text("defaults:\n  - /trainer_schema@_here_\nmax_epoch: 3\n")
     assert compose_cfg(["model=independent"], conf).model.name == "independent"  # the copy itself is fine
     with pytest.raises(CONFIG_ERRORS, match="lrr"):
         compose_cfg(["model=typo"], conf)
