@@ -6,6 +6,7 @@ Ctrl-C, warnings)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,22 +19,26 @@ TINY = ["data.num_train=100", "data.num_test=50", "data.num_labels=4", "trainer.
 
 def user_cli(cwd: Path, *args: str, env: dict[str, str] | None = None,
              timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python -m structtorch.train <args>`` run from ``cwd`` with this checkout's package."""
+    """``python -m structtorch.train <args>`` run from ``cwd`` with this checkout's package; ``stdout`` holds what
+    the terminal shows (stdout and stderr interleaved)."""
     environ = dict(os.environ, OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     environ.update(env or {})
     return subprocess.run([sys.executable, "-m", "structtorch.train", *args], cwd=cwd, env=environ,
-                          capture_output=True, text=True, timeout=timeout)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+#: a user error as the run's logger prints it, on a line of its own
+LOGGED_ERROR = re.compile(r"^\[[^\]]+\]\[structtorch\.train\]\[ERROR\] - (error: .*)$", flags=re.M)
 
 
 def error_line(proc: subprocess.CompletedProcess) -> str:
-    """The user-error line (``error: ...``) of a run that exited with code 2 and no traceback."""
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 2, output[-3000:]
-    assert "Traceback" not in output, output[-3000:]
-    lines = [line for line in output.splitlines() if "error: " in line]
-    assert len(lines) == 1, output[-3000:]
-    return lines[0][lines[0].index("error: "):]
+    """The one user-error line of a run that exited with code 2 and no traceback (without the log prefix)."""
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout, proc.stdout[-3000:]
+    lines = LOGGED_ERROR.findall(proc.stdout)
+    assert len(lines) == 1 and proc.stdout.count("error: ") == 1, proc.stdout[-3000:]
+    return lines[0]
 
 
 # ---------------------------------------------------------------------- typos (item 6)
@@ -51,5 +56,22 @@ def test_help_lists_no_schemas(tmp_path):
 ])
 def test_a_typo_gets_one_line_naming_the_closest_option_or_key(typo, line, tmp_path):
     proc = user_cli(tmp_path, typo)
-    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", line + "\n")
+    assert (proc.returncode, proc.stdout) == (2, line + "\n")
     assert not (tmp_path / "outputs").exists()
+
+
+# ---------------------------------------------------------------------- offline (item 1)
+def test_offline_without_a_cache_says_where_it_looked_and_how_to_work_offline(tmp_path):
+    """No cache and no network (a proxy that refuses every connection): one line naming the cache folder and
+    both ways to work offline, exit 2, and no empty folder left in the cache."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    offline = {"STRUCTTORCH_DATA": str(cache), "https_proxy": "http://127.0.0.1:9", "no_proxy": ""}
+    proc = user_cli(tmp_path, "model=fixed_tree", "data=emotions", env=offline)
+    line = error_line(proc)
+    assert line.startswith(f"error: Mulan dataset 'emotions' is not in the data cache {cache}/mulan/emotions and "
+                           f"downloading https://raw.githubusercontent.com/tsoumakas/mulan/"), line
+    assert line.endswith("To work offline, set STRUCTTORCH_DATA=<folder> to a filled cache (<folder>/mulan/emotions/"
+                         "...) or pass root=<dir> (data.root=<dir>) holding <dir>/emotions/emotions-train.arff, "
+                         "emotions-test.arff, emotions.xml"), line
+    assert list(cache.iterdir()) == []
