@@ -29,6 +29,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, OverrideParseException
 from hydra.types import RunMode
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 
 from .config import describe_config_error, register_configs
@@ -193,8 +194,19 @@ def _trainer(cfg: DictConfig, out: Path, run_name: str) -> L.Trainer:
                                          auto_insert_metric_name=False, save_last=True))
     if kwargs["max_epochs"] == 0:
         log.warning("trainer.max_epochs=0: the model is not trained; testing the untrained model")
-    return L.Trainer(**kwargs, logger=_logger(cfg.logger, out, run_name), default_root_dir=str(out),
-                     callbacks=callbacks)
+    try:
+        return L.Trainer(**kwargs, logger=_logger(cfg.logger, out, run_name), default_root_dir=str(out),
+                         callbacks=callbacks)
+    except MisconfigurationException as err:
+        raise UserError(_trainer_error(str(kwargs["accelerator"]), err)) from err
+
+
+def _trainer_error(accelerator: str, err: MisconfigurationException) -> str:
+    """What is wrong with the trainer config Lightning rejected, and the fix."""
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        return (f"trainer.accelerator={accelerator}, but torch {torch.__version__} finds no CUDA GPU on this machine "
+                f"(torch.cuda.is_available() is False): use trainer=cpu")
+    return f"the trainer config is not possible here: {' '.join(str(err).split())}"
 
 
 def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
@@ -209,8 +221,8 @@ def _run(cfg: DictConfig, out: Path) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
     data_name = _run_key(cfg)[1]
     run_name = "-".join(_run_key(cfg))
+    trainer = _trainer(cfg, out, run_name)  # before the data: a trainer config that cannot run fails first
     dm, model, ckpt = _prepare(cfg, out)
-    trainer = _trainer(cfg, out, run_name)
     if trainer.is_global_zero:
         log.info("run directory: %s", out.resolve())
         if trainer.checkpoint_callback is not None:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["data.num_train=100", "data.num_test=50", "data.num_labels=4", "trainer.max_epochs=1"]
@@ -75,3 +76,11 @@ def test_offline_without_a_cache_says_where_it_looked_and_how_to_work_offline(tm
                          "...) or pass root=<dir> (data.root=<dir>) holding <dir>/emotions/emotions-train.arff, "
                          "emotions-test.arff, emotions.xml"), line
     assert list(cache.iterdir()) == []
+
+
+# ---------------------------------------------------------------------- trainer=gpu without a GPU (item 2)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU: trainer=gpu runs")
+def test_gpu_trainer_without_a_gpu_says_use_the_cpu_trainer(tmp_path):
+    line = error_line(user_cli(tmp_path, "trainer=gpu", *TINY))
+    assert line == (f"error: trainer.accelerator=gpu, but torch {torch.__version__} finds no CUDA GPU on this machine "
+                    f"(torch.cuda.is_available() is False): use trainer=cpu")
