@@ -17,8 +17,11 @@ import json
 import logging
 import os
 import re
+import shlex
 import sys
 import time
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, OverrideParseException
 from hydra.types import RunMode
+from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
@@ -188,7 +192,7 @@ def _trainer(cfg: DictConfig, out: Path, run_name: str) -> L.Trainer:
     threads = kwargs.pop("num_threads")
     if threads is not None:
         torch.set_num_threads(int(threads))
-    callbacks = []
+    callbacks: list[L.Callback] = [ResumeHint(out)]
     if kwargs.get("enable_checkpointing", True):
         callbacks.append(ModelCheckpoint(dirpath=str(out / "checkpoints"), filename="epoch{epoch:03d}-step{step}",
                                          auto_insert_metric_name=False, save_last=True))
@@ -248,7 +252,8 @@ def _run(cfg: DictConfig, out: Path) -> dict[str, Any]:
             metrics["per_label"] = model.per_label_summary()
         (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
         _save_figures(model, out, cfg.test)
-        log.info("%s", format_metrics(metrics))
+        shown = None if model.console_metrics is None else [f"test/{k}" for k in model.console_metrics]
+        log.info("%s", format_metrics(metrics, shown))
         log.info("metrics: %s; pictures: %s", out / "metrics.json", ", ".join(
             str(out / f) for f in ("structure.png", "per_label.png") if (out / f).exists()))
     return metrics
@@ -263,20 +268,34 @@ def _save_figures(model: StructuredLearner, out: Path, tested: bool) -> None:
         close_figure(fig)
 
 
-def format_metrics(metrics: dict[str, Any]) -> str:
-    """The console table of a run's test metrics and timings."""
-    rows = [f"{k:<22} {v * 100:7.2f} %" for k, v in sorted(metrics.items()) if k.startswith("test/")]
+def format_metrics(metrics: dict[str, Any], shown: Sequence[str] | None = None) -> str:
+    """The console table of a run: its test metrics (those in ``shown``; None: all), timings, the regularisation
+    grid's choice and CV curve, and how training ended (certified or not, stopping rule met or not)."""
+    tests = [k for k in sorted(metrics) if k.startswith("test/") and (shown is None or k in shown)]
+    rows = [f"{k:<22} {metrics[k] * 100:7.2f} %" for k in tests]
     rows += [f"{k:<22} {v:8.2f} s" for k, v in sorted(metrics.items()) if k.endswith("_seconds")]
-    solver = metrics.get("solver", {})
+    cv = metrics.get("cv")
+    if cv:
+        curve = "  ".join(f"{l2:g}: {100 * score:.2f}" for l2, score in zip(cv["l2"], cv["scores"]))
+        rows.append(f"{'chosen l2':<22} {cv['chosen_l2']:8g}   ({cv['folds']}-fold CV {cv['metric']} %: {curve})")
+    solver = metrics.get("solver")
+    if solver:
+        rows.append(_solver_row(solver))
+    return "\n".join([f"== {metrics.get('model')} on {metrics.get('data')} ==", *rows])
+
+
+def _solver_row(solver: dict[str, Any]) -> str:
+    """How training ended: the certificate (lbfgs, bcfw), the stopping rule (cccp), or a fixed number of epochs."""
+    epochs = f"{solver['epochs']} epoch{'' if solver['epochs'] == 1 else 's'}"
     if "relative_gap" in solver:
         done = all(solver["converged"]) if isinstance(solver["converged"], list) else solver["converged"]
-        rows.append(f"{'duality gap':<22} {_worst(solver['relative_gap']):8.1e}   ({solver['solver']}, tol "
-                    f"{solver['tol']:g}, {solver['epochs']} epochs): "
-                    + ("certified" if done else "NOT certified (raise trainer.max_epochs to reach model.tol)"))
-    elif "converged" in solver:
-        rows.append(f"{'stopping rule':<22} {'met' if solver['converged'] else 'NOT met (stopped at max_epochs)'}"
-                    f"   ({solver['solver']}, {solver['epochs']} epochs)")
-    return "\n".join([f"== {metrics.get('model')} on {metrics.get('data')} ==", *rows])
+        verdict = "certified" if done else "NOT certified (raise trainer.max_epochs to reach model.tol)"
+        return (f"{'duality gap':<22} {_worst(solver['relative_gap']):8.1e}   ({solver['solver']}, "
+                f"tol {solver['tol']:g}, {epochs}): {verdict}")
+    if "converged" in solver:
+        return (f"{'stopping rule':<22} {'met' if solver['converged'] else 'NOT met (stopped at max_epochs)'}   "
+                f"({solver['solver']}, {epochs})")
+    return f"{'training':<22} {solver['solver']}, {epochs}: no certificate or stopping rule (runs trainer.max_epochs)"
 
 
 def _worst(value: float | list[float]) -> float:
@@ -293,6 +312,49 @@ def _route_library_logs() -> None:
     logging.captureWarnings(True)
 
 
+#: warnings every run used to print that say nothing about the run, matched narrowly by message and category
+LIBRARY_NOISE = (
+    # Lightning calls torch's deprecated pytree API itself
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    # the strategies log per epoch (full-batch solvers take one step per epoch), not per step
+    (r"The number of training batches \(\d+\) is smaller than the logging interval", PossibleUserWarning),
+)
+
+
+def _quiet_library_noise() -> None:
+    """Ignore ``LIBRARY_NOISE`` and Lightning's advertising tips; every other warning and log line stays."""
+    for message, category in LIBRARY_NOISE:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_a_tip)
+
+
+def _not_a_tip(record: logging.LogRecord) -> bool:
+    """False for Lightning's "Tip: For seamless cloud ..." lines (litlogger, litmodels)."""
+    return "Tip: For seamless cloud" not in record.getMessage()
+
+
+class ResumeHint(L.Callback):
+    """On Ctrl-C (a KeyboardInterrupt in fit or test): one line with the command that resumes the run."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, KeyboardInterrupt) and trainer.is_global_zero:
+            log.warning("%s", resume_hint(self.out))
+
+
+def resume_hint(out: Path) -> str:
+    """The line after an interruption of run ``out``: the command that resumes it (this run's overrides, without
+    ckpt_path / resume, plus ``resume=<out>``), or that there is no checkpoint yet."""
+    if not (out / "checkpoints" / "last.ckpt").is_file():
+        return "interrupted before the first checkpoint (written after each epoch): nothing to resume, run it again"
+    task = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    keep = [o for o in task if o.lstrip("+~").split("=", 1)[0] not in ("ckpt_path", "resume")]
+    return "interrupted; resume with: " + shlex.join(["python", "-m", "structtorch.train", *keep,
+                                                      f"resume={out.resolve()}"])
+
+
 _TASK_STARTED = False
 
 
@@ -301,6 +363,7 @@ def main(cfg: DictConfig) -> float | None:
     global _TASK_STARTED
     _TASK_STARTED = True
     _route_library_logs()
+    _quiet_library_noise()
     out = Path(HydraConfig.get().runtime.output_dir)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:

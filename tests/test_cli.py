@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,3 +86,44 @@ def test_gpu_trainer_without_a_gpu_says_use_the_cpu_trainer(tmp_path):
     line = error_line(user_cli(tmp_path, "trainer=gpu", *TINY))
     assert line == (f"error: trainer.accelerator=gpu, but torch {torch.__version__} finds no CUDA GPU on this machine "
                     f"(torch.cuda.is_available() is False): use trainer=cpu")
+
+
+# ---------------------------------------------------------------------- the console summary (items 5, 8)
+NOISE = ("LeafSpec", "litlogger", "log_every_n_steps", "Traceback")
+
+
+def test_a_cv_grid_run_prints_the_chosen_l2_and_its_curve_and_no_library_noise(tmp_path):
+    proc = user_cli(tmp_path, "model=fixed_tree", "model.l2=[0.01,0.1,1]", *TINY)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert re.search(r"^chosen l2 +(0\.01|0\.1|1)   \(5-fold CV hamming_acc %: 0\.01: \d+\.\d\d  0\.1: \d+\.\d\d  "
+                     r"1: \d+\.\d\d\)$", proc.stdout, flags=re.M), proc.stdout[-3000:]
+    assert re.search(r"^duality gap .*\(lbfgs, tol 0\.001, 1 epoch\): (certified|NOT certified .*)$", proc.stdout,
+                     flags=re.M), proc.stdout[-3000:]
+    assert not [word for word in NOISE if word in proc.stdout], proc.stdout[-3000:]
+
+
+def test_a_denoising_run_prints_per_pixel_accuracy_not_subset_accuracy(tmp_path):
+    proc = user_cli(tmp_path, "model=logistic", "data=denoising", "data.num_train=2", "data.num_test=2",
+                    "data.height=5", "data.width=6", "model.passes=2", "trainer.max_epochs=1")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert re.search(r"^test/hamming_acc +\d+\.\d\d %$", proc.stdout, flags=re.M), proc.stdout[-3000:]
+    assert "test/subset_acc" not in proc.stdout and "test/example_f1" not in proc.stdout
+
+
+# ---------------------------------------------------------------------- Ctrl-C (item 8)
+def test_ctrl_c_ends_with_the_command_that_resumes_the_run(tmp_path):
+    args = ["model.solver=adam", "data.num_train=100", "data.num_test=50", "trainer.max_epochs=100000"]
+    environ = dict(os.environ, OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.Popen([sys.executable, "-m", "structtorch.train", *args], cwd=tmp_path, env=environ,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not list(tmp_path.glob("outputs/*/*/checkpoints/last.ckpt")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C, once an epoch has been checkpointed
+    output = proc.communicate(timeout=300)[0]
+    run_dir = next(tmp_path.glob("outputs/*/*")).resolve()
+    hints = re.findall(r"^\[[^\]]+\]\[structtorch\.train\]\[WARNING\] - (interrupted.*)$", output, flags=re.M)
+    assert hints == [f"interrupted; resume with: python -m structtorch.train {' '.join(args)} resume={run_dir}"], \
+        output[-3000:]
+    assert proc.returncode == 1 and "Traceback" not in output

@@ -78,6 +78,8 @@ class StructuredLearner(L.LightningModule):
 
     #: True for learners of grid images (batches of ``GridInputs``, see ``structtorch.data.grid``)
     grid_inputs: bool = False
+    #: the test metrics (names without "test/") of the console summary; None: all (metrics.json has all anyway)
+    console_metrics: tuple[str, ...] | None = None
 
     def __init__(
         self,
