@@ -3,12 +3,12 @@
 Trains a learner, tests it, and writes into the Hydra run directory: ``metrics.json`` (test metrics in
 [0, 1], the last validation metrics, train / test seconds, the learned structure by label name, per-label
 test metrics), ``structure.png`` / ``per_label.png``, checkpoints (``checkpoints/last.ckpt``), TensorBoard
-logs (one run per model/data) and ``train.log``. Resume with ``ckpt_path=<file>``, ``ckpt_path=last`` (the
-newest ``last.ckpt`` under the output folder) or ``resume=<run dir>``.
+logs (one run per model/data) and ``train.log``. Resume with ``ckpt_path=<file>``, ``ckpt_path=last`` (the one
+earlier run of the same configuration, wherever it was started: ``structtorch.runs``) or ``resume=<run dir>``.
 
-User errors (missing data, bad config values, a file that is not a checkpoint of this model) end with
-one line on stderr and exit code 2; in a ``-m`` sweep a failed job is recorded and the sweep goes on
-(see ``structtorch.sweep``).
+User errors (missing data, bad config values, a typo in an option or key, a trainer this machine cannot run, a
+file that is not a checkpoint of this model) end with one line (``error: ...``) and exit code 2; in a ``-m`` sweep
+a failed job is recorded and the sweep goes on (see ``structtorch.sweep``).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from .data.download import DownloadError
 from .inference import backend
 from .learners import LEARNERS, StructuredLearner
 from .plots import close_figure
+from .runs import find_last_checkpoint, record_run
 
 register_configs()
 log = logging.getLogger("structtorch.train")
@@ -113,7 +114,7 @@ def _prepare(cfg: DictConfig, out: Path) -> tuple[L.LightningDataModule, Structu
     try:
         dm = build_datamodule(cfg.data, world_size(cfg.trainer))
         model = build_learner(cfg.model, dm)
-        ckpt = resolve_checkpoint(cfg.ckpt_path, cfg.resume, out, _run_key(cfg))
+        ckpt = resolve_checkpoint(cfg, out)
         if ckpt is not None:
             check_checkpoint(ckpt, model)
     except (ValueError, TypeError, FileNotFoundError, DownloadError) as err:
@@ -126,11 +127,11 @@ def _run_key(cfg: DictConfig) -> tuple[str, str]:
     return str(cfg.model.name), str(cfg.data.get("name") or cfg.data.kind)
 
 
-def resolve_checkpoint(ckpt_path: str | None, resume: str | None, out: Path,
-                       key: tuple[str, str] | None = None) -> str | None:
-    """The checkpoint file to resume from: ``resume=<run dir>`` -> its checkpoints/last.ckpt;
-    ``ckpt_path=last`` -> the newest last.ckpt of earlier runs under the output folder (of the same
-    model and data when ``key`` = (model, data) is given); else the path itself."""
+def resolve_checkpoint(cfg: DictConfig, out: Path) -> str | None:
+    """The checkpoint file to resume from: ``resume=<run dir>`` -> its checkpoints/last.ckpt; ``ckpt_path=last`` ->
+    that of the one earlier run of the same configuration (``structtorch.runs.find_last_checkpoint``: the run index
+    and the output folder); else the path itself."""
+    ckpt_path, resume = cfg.ckpt_path, cfg.resume
     if resume is not None and ckpt_path is not None:
         raise ValueError("give either resume=<run dir> or ckpt_path=<file|last>, not both")
     if resume is not None:
@@ -140,22 +141,10 @@ def resolve_checkpoint(ckpt_path: str | None, resume: str | None, out: Path,
                                     f"trained with trainer.enable_checkpointing=true?)")
         return str(ckpt)
     if ckpt_path == "last":
-        base = _output_base(out)
-        found = sorted((p for p in base.glob("**/checkpoints/last.ckpt")
-                        if out not in p.parents and (key is None or _saved_key(p.parent.parent) == key)),
-                       key=lambda p: p.stat().st_mtime)
-        if not found:
-            what = "" if key is None else f" of model={key[0]} on {key[1]}"
-            raise FileNotFoundError(f"ckpt_path=last: no earlier run{what} with checkpoints/last.ckpt under {base}")
-        return str(found[-1])
+        return find_last_checkpoint(cfg, out, _output_base(out))
     if ckpt_path is not None and not Path(ckpt_path).is_file():
         raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such file")
     return ckpt_path
-
-
-def _saved_key(run_dir: Path) -> tuple[str, str] | None:
-    saved = run_dir / ".hydra" / "config.yaml"
-    return _run_key(OmegaConf.load(saved)) if saved.is_file() else None
 
 
 def _output_base(out: Path) -> Path:
@@ -213,14 +202,15 @@ def _trainer_error(accelerator: str, err: MisconfigurationException) -> str:
     return f"the trainer config is not possible here: {' '.join(str(err).split())}"
 
 
-def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
+def run(cfg: DictConfig, out_dir: str | Path, record: bool = False) -> dict[str, Any]:
     """Train + test as configured; returns the metrics also written to ``out_dir/metrics.json``. The inference
-    backend (``fused``) holds for this run only."""
+    backend (``fused``) holds for this run only. ``record``: add the run to the run index that ``ckpt_path=last``
+    searches (``structtorch.runs``; the CLI does for single runs)."""
     with backend("fused" if cfg.fused else "eager"):
-        return _run(cfg, Path(out_dir))
+        return _run(cfg, Path(out_dir), record)
 
 
-def _run(cfg: DictConfig, out: Path) -> dict[str, Any]:
+def _run(cfg: DictConfig, out: Path, record: bool) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)  # without a logger or checkpoints nothing else creates it
     L.seed_everything(cfg.seed, workers=True)
     data_name = _run_key(cfg)[1]
@@ -232,8 +222,11 @@ def _run(cfg: DictConfig, out: Path) -> dict[str, Any]:
         if trainer.checkpoint_callback is not None:
             log.info("checkpoints: %s (resume: ckpt_path=last or resume=%s)",
                      (out / "checkpoints" / "last.ckpt").resolve(), out.resolve())
+        if record:
+            record_run(out, cfg, ckpt)
         if ckpt is not None:
-            log.info("resuming from %s", ckpt)
+            found = " (ckpt_path=last: the one earlier run of this configuration)" if cfg.ckpt_path == "last" else ""
+            log.info("resuming from %s%s", ckpt, found)
     t0 = time.perf_counter()
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
     metrics: dict[str, Any] = {"train_seconds": time.perf_counter() - t0}
@@ -367,7 +360,7 @@ def main(cfg: DictConfig) -> float | None:
     out = Path(HydraConfig.get().runtime.output_dir)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
-        metrics = run(cfg, out)
+        metrics = run(cfg, out, record=not multirun)
     except UserError as err:
         (out / "error.txt").write_text(f"{err}\n")
         log.error("error: %s", err)
