@@ -216,6 +216,8 @@ def _run(cfg: DictConfig, out: Path, record: bool) -> dict[str, Any]:
     data_name = _run_key(cfg)[1]
     run_name = "-".join(_run_key(cfg))
     trainer = _trainer(cfg, out, run_name)  # before the data: a trainer config that cannot run fails first
+    if not trainer.is_global_zero:  # one process reports progress (structtorch.progress), not each of them
+        logging.getLogger("structtorch").setLevel(logging.WARNING)
     dm, model, ckpt = _prepare(cfg, out)
     if trainer.is_global_zero:
         log.info("run directory: %s", out.resolve())

@@ -158,3 +158,14 @@ def test_ckpt_path_last_finds_the_run_of_the_same_configuration_from_another_dir
     assert re.fullmatch(rf"error: ckpt_path=last: 2 earlier runs of this configuration have a checkpoint: "
                         rf"{second} \(saved [-0-9: ]+\), {third} \(saved [-0-9: ]+\); pass resume=<run dir> to "
                         rf"choose one", line), line  # the first run is superseded by the second, which resumed it
+
+
+# ---------------------------------------------------------------------- progress (item 4)
+def test_structure_learning_and_the_first_epoch_say_when_they_start(tmp_path):
+    proc = user_cli(tmp_path, "model=tree_crf", *TINY)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    started = re.findall(r"^\[[^\]]+\]\[structtorch\.progress\]\[INFO\] - (.*): started$", proc.stdout, flags=re.M)
+    assert started == ["TreeCRF structure (90 training examples)",
+                       "TreeCRF structure (90 training examples) > inputs of each label (l1)",
+                       "TreeCRF structure (90 training examples) > edge scores (dci) of 6 label pairs",
+                       "TreeCRF (lbfgs), epoch 1"], proc.stdout[-3000:]

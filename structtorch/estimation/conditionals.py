@@ -23,6 +23,7 @@ import math
 import torch
 
 from ..folds import fold_assignment
+from ..progress import tick
 from ..solvers.lbfgs import BatchedLBFGS
 from ..solvers.proximal import BatchedFISTA
 
@@ -129,9 +130,10 @@ def _fit_lbfgs(value, theta: torch.Tensor, tol: float = 1e-7, max_iter: int = 20
     opt = BatchedLBFGS([flat], lambda: value(flat.view(shape))[0].reshape(-1), num_models=flat.shape[0])
     g0 = opt.grad.norm(dim=1)
     active = g0 > 0
-    for _ in range(max_iter):
+    for i in range(max_iter):
         if not bool(active.any()):
             break
+        tick(i, max_iter, "L-BFGS iterations")
         stalled = opt.step(active)
         active &= ~stalled & (opt.grad.norm(dim=1) > tol * g0)
     return flat.detach().view(shape)
@@ -144,7 +146,8 @@ def _fit_newton(value, theta: torch.Tensor, z: torch.Tensor, onehot: torch.Tenso
     zz = (z[..., :, None] * z[..., None, :]).reshape(R, N, Q * Q)
     f, logp = value(theta)
     active = torch.ones_like(f, dtype=torch.bool)
-    for _ in range(max_iter):
+    for i in range(max_iter):
+        tick(i, max_iter, "Newton iterations")
         # Newton directions on the block of penalties and regressions that still have an open model
         gi, ri = active.any(2).any(0).nonzero()[:, 0], active.any(1).any(0).nonzero()[:, 0]
         step, dec = _newton_step(z[ri], zz[ri], onehot[ri], wt, pen[:, gi], theta[:, gi][:, :, ri],
@@ -208,6 +211,7 @@ def logistic_cv_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.
     step = max(1, chunk_elements // per_regression)
     out, chosen = [], []
     for lo in range(0, R, step):
+        tick(lo, R, "regressions")
         sub, tgt = subsets[lo:lo + step], target[lo:lo + step]
         design = _design(x, sub)
         theta = fit_logistic(design, tgt, num_classes, lam, weight)

@@ -36,6 +36,7 @@ from ..energies import Energy
 from ..graph import Graph
 from ..inference import smoothed_lp, tree_logz, tree_map
 from ..potentials import Potentials
+from ..progress import tick
 from ..structure.circuit_rank import circuit_rank
 from ..structure.spanning import max_spanning_tree
 from .bcfw import check_lam, check_mask, lift_models, one_hot_marginals
@@ -362,4 +363,6 @@ class SmoothedLBFGS(SmoothedHinge):
             self.run(min(check_every, max_iter - self.iterations))
             idle = idle + 1 if self.iterations == before else 0  # stalled even after a new temperature: give up
             info = self.certify()
+            gap = float(info.relative_gap.max())  # certify synchronised already
+            tick(self.iterations, max_iter, "L-BFGS iterations", f"relative duality gap {gap:.2g}, tol {self.tol:g}")
         return info
