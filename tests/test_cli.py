@@ -5,6 +5,7 @@ Ctrl-C, warnings)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -169,3 +170,26 @@ def test_structure_learning_and_the_first_epoch_say_when_they_start(tmp_path):
                        "TreeCRF structure (90 training examples) > inputs of each label (l1)",
                        "TreeCRF structure (90 training examples) > edge scores (dci) of 6 label pairs",
                        "TreeCRF (lbfgs), epoch 1"], proc.stdout[-3000:]
+
+
+# ---------------------------------------------------------------------- beyond one machine (the launcher)
+@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None,
+                    reason="hydra-submitit-launcher is not installed (pip install -e '.[slurm]'; the dev extra has it)")
+def test_a_sweep_through_the_submitit_launcher_writes_the_summary(tmp_path):
+    from structtorch.data import mulan_cache_dir
+    from structtorch.data.download import mulan_files
+
+    if not all((mulan_cache_dir() / "mulan" / "emotions" / f.file).is_file() for f in mulan_files("emotions").values()):
+        pytest.skip(f"emotions is not in the data cache {mulan_cache_dir()} (tests never download)")
+    proc = user_cli(tmp_path, "-m", "hydra/launcher=submitit_local", "model=independent,fixed_tree", "data=emotions",
+                    "trainer.max_epochs=1", "trainer.enable_progress_bar=false")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    sweep = next(tmp_path.glob("multirun/*/*"))
+    assert (sweep / ".submitit").is_dir()  # the jobs went through submitit
+    assert "sweep summary (2 jobs, 0 failed)" in proc.stdout
+    summary = (sweep / "summary.md").read_text().splitlines()
+    assert summary[0] == ("| job | overrides | status | hamming_acc % | subset_acc % | example_f1 % | train_seconds "
+                          "| error |")  # the basic launcher's table
+    assert [row.split(" | ")[1:3] for row in summary[2:]] == [
+        ["model=independent data=emotions trainer.max_epochs=1 trainer.enable_progress_bar=False", "ok"],
+        ["model=fixed_tree data=emotions trainer.max_epochs=1 trainer.enable_progress_bar=False", "ok"]]
