@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -52,9 +52,10 @@ def phase(name: str, quiet: bool = False) -> Iterator[None]:
             log.info("%s: done in %.0f s", current.name, took)
 
 
-def tick(done: int, total: int | None = None, unit: str = "steps", detail: str = "") -> None:
+def tick(done: int, total: int | None = None, unit: str = "steps", detail: str | Callable[[], str] = "") -> None:
     """Report that the innermost running phase has done ``done`` (of ``total``) ``unit``; logged only when
-    ``EVERY_S`` seconds have passed since the phase's last line, and only inside a phase."""
+    ``EVERY_S`` seconds have passed since the phase's last line, and only inside a phase. ``detail``: a note
+    for the line, or a function computing it (called only for a line that is logged)."""
     current = _CURRENT.get()
     if current is None:
         return
@@ -63,5 +64,6 @@ def tick(done: int, total: int | None = None, unit: str = "steps", detail: str =
         return
     current.last = now
     of = f"/{total}" if total is not None else ""
+    detail = detail() if callable(detail) else detail
     log.info("%s: %d%s %s after %.0f s%s", current.name, done, of, unit, now - current.start,
              f" ({detail})" if detail else "")

@@ -224,7 +224,7 @@ def _run(cfg: DictConfig, out: Path, record: bool) -> dict[str, Any]:
         if trainer.checkpoint_callback is not None:
             log.info("checkpoints: %s (resume: ckpt_path=last or resume=%s)",
                      (out / "checkpoints" / "last.ckpt").resolve(), out.resolve())
-        if record:
+        if record and trainer.checkpoint_callback is not None:  # a run without checkpoints cannot be resumed
             record_run(out, cfg, ckpt)
         if ckpt is not None:
             found = " (ckpt_path=last: the one earlier run of this configuration)" if cfg.ckpt_path == "last" else ""

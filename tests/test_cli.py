@@ -137,24 +137,29 @@ def test_ckpt_path_last_finds_the_run_of_the_same_configuration_from_another_dir
     run_args = ["model=fixed_tree", *TINY, "trainer.enable_progress_bar=false"]
     for d in ("a", "b", "c"):
         (tmp_path / d).mkdir()
-    assert user_cli(tmp_path / "a", *run_args).returncode == 0
+    index = {"STRUCTTORCH_RUNS": str(tmp_path / "runs.jsonl")}  # this test's runs only
+
+    def cli(where: str, *args: str) -> subprocess.CompletedProcess:
+        return user_cli(tmp_path / where, *args, env=index)
+
+    assert cli("a", *run_args).returncode == 0
     first = next((tmp_path / "a").glob("outputs/*/*")).resolve()
 
-    resumed = user_cli(tmp_path / "b", *run_args, "trainer.max_epochs=2", "ckpt_path=last")
+    resumed = cli("b", *run_args, "trainer.max_epochs=2", "ckpt_path=last")
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert (f"resuming from {first}/checkpoints/last.ckpt (ckpt_path=last: the one earlier run of this "
             f"configuration)") in resumed.stdout
     second = next((tmp_path / "b").glob("outputs/*/*")).resolve()
 
-    line = error_line(user_cli(tmp_path / "b", *run_args, "data.seed=1", "ckpt_path=last"))
+    line = error_line(cli("b", *run_args, "data.seed=1", "ckpt_path=last"))
     assert line.startswith("error: ckpt_path=last: no earlier run of this configuration (model=fixed_tree on "
                            "synthetic) has checkpoints/last.ckpt (searched the run index "), line
     assert (f"; {second} differs in data.seed=0 (this run: 1); {first} differs in data.seed=0 (this run: 1); pass "
             f"resume=<run dir> to continue a run of another configuration") in line
 
-    assert user_cli(tmp_path / "c", *run_args).returncode == 0  # the same configuration again, from scratch
+    assert cli("c", *run_args).returncode == 0  # the same configuration again, from scratch
     third = next((tmp_path / "c").glob("outputs/*/*")).resolve()
-    line = error_line(user_cli(tmp_path / "c", *run_args, "ckpt_path=last"))
+    line = error_line(cli("c", *run_args, "ckpt_path=last"))
     second, third = re.escape(str(second)), re.escape(str(third))
     assert re.fullmatch(rf"error: ckpt_path=last: 2 earlier runs of this configuration have a checkpoint: "
                         rf"{second} \(saved [-0-9: ]+\), {third} \(saved [-0-9: ]+\); pass resume=<run dir> to "

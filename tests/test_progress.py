@@ -29,7 +29,7 @@ def test_a_phase_logs_its_start_the_ticks_of_its_loops_and_its_end(caplog, monke
         progress.tick(1, 2, "steps")  # outside a phase: nothing
         with progress.phase("outer"):
             with progress.phase("inner", quiet=True):
-                progress.tick(3, 10, "FISTA iterations", "gap 0.1")
+                progress.tick(3, 10, "FISTA iterations", lambda: "gap 0.1")  # computed for a logged line
             progress.tick(7)
     assert lines(caplog) == ["outer: started", "outer > inner: 3/10 FISTA iterations after 0 s (gap 0.1)",
                              "outer: 7 steps after 0 s", "outer: done in 0 s"]
