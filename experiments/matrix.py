@@ -7,10 +7,11 @@ Each structtorch cell is one run of the command a user types, ``python -m struct
 data=<d>``, with nothing else set (standard train/test files, the learner's defaults), in its own process: test
 Hamming / subset (0/1) / example-F1 accuracy (%), training seconds, the process's peak memory and the solver's
 final relative duality gap ("certified" when it met model.tol, "NOT certified" when max_epochs stopped it first;
-CRANK and Project, non-convex, have no gap: "stationary" when CCCP met its stopping rule). Each peer (``peers.py``) chooses C by 3-fold CV on the training file
-and is timed over the CV and the final fit. A cell that fails or runs past ``--timeout`` seconds (``--timeout-large``
-above 160 labels) says so instead of numbers. Datasets default to those in the data cache
-(``$STRUCTTORCH_DATA/mulan``). Writes <out>.csv and <out>.md; ``--update`` keeps the rows not rerun.
+CRANK and Project, non-convex, have no gap: "stationary" when CCCP met its stopping rule). Each peer
+(``peers.py``) chooses C by 3-fold CV on the training file and is timed over the CV and the final fit. A cell
+that fails or runs past ``--timeout`` seconds (``--timeout-large`` above 160 labels) says so instead of
+numbers. Datasets default to those in the data cache (``$STRUCTTORCH_DATA/mulan``). Writes <out>.csv and
+<out>.md; ``--update`` keeps the rows not rerun.
 """
 
 from __future__ import annotations

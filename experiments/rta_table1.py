@@ -9,8 +9,8 @@ together, ``data.num_folds``/``data.fold``); microlabel loss (100 - Hamming accu
 code path (``structtorch.train.run``):
 
 - ``rta``: ``model=rta model.margin=zero_one`` (Def. 6; BCFW to a 1e-3 duality gap or ``--max-epochs``;
-  lambda = ``model.l2``, default 1e-4 on unit-norm features, not tuned on any test fold), with the fraction
-  of test examples whose inference Lemma 7 certified; ``rta_hamming``: the same with the Hamming-rescaled
+  lambda = ``model.l2=1e-4`` on unit-norm features (``--set`` overrides it), not tuned on any test fold), with the
+  fraction of test examples whose inference Lemma 7 certified; ``rta_hamming``: the same with the Hamming-rescaled
   margin (``model=rta``'s default);
 - ``svm``: the paper's SVM = ``model=independent`` (one linear SVM per label), l2 chosen by 5-fold CV
   inside each training fold (the grid is one batched, certified model);
@@ -56,7 +56,8 @@ def cell_overrides(model: str, data: str, args: argparse.Namespace) -> list[str]
     if model in ("rta", "rta_hamming", "mam"):
         o += [f"model.num_trees={args.trees}"]
     if model in ("rta", "rta_hamming"):
-        o += [f"model.k={args.k}", f"model.margin={'hamming' if model == 'rta_hamming' else 'zero_one'}", *args.set]
+        o += [f"model.k={args.k}", f"model.margin={'hamming' if model == 'rta_hamming' else 'zero_one'}",
+              "model.l2=1e-4", *args.set]
     if model == "svm":
         o += [f"model.l2={SVM_GRID}"]
     if model == "mam":

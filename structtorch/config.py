@@ -30,7 +30,7 @@ class ModelConfig:
     loss: str = "hinge"
     train_inference: str = "tree_map"
     test_inference: str = "tree_map"
-    l2: Any = 0.1  # a number, or a list: a grid chosen by cv_folds-fold cross-validation on the training set
+    l2: Any = "auto"  # auto: the learner's auto_l2 / N; a number; or a list: a grid chosen by cv_folds-fold CV
     cv_folds: int = 5
     cv_metric: str = "hamming_acc"
     solver: str = "auto"  # lbfgs | bcfw (certified, stop at tol) | adam | adamw | sgd; auto: lbfgs where certified
@@ -115,7 +115,6 @@ class RTAConfig(ModelConfig):
     seed: int = 0
     normalize: bool = True
     margin: str = "hamming"  # hamming | zero_one (Def. 6: margin 1 against the worst violator)
-    l2: Any = 1e-4
     bias_reg: float = 1.0
 
 
@@ -202,6 +201,7 @@ class SyntheticDataConfig(GeneratedDataConfig):
     num_labels: int = 10
     num_features: int = 4
     pairwise_scale: Any = None
+    pairwise_mean: float = 0.0
 
 
 @dataclass

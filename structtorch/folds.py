@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from .graph import check_int
+
 __all__ = ["fold_assignment", "kfold_indices", "train_val_indices"]
 
 
@@ -27,10 +29,8 @@ def kfold_indices(n: int, num_folds: int, fold: int, seed: int) -> tuple[torch.T
 
     The k folds are disjoint, cover range(n), and differ in size by at most one.
     """
-    if isinstance(num_folds, bool) or not isinstance(num_folds, int) or not 2 <= num_folds <= n:
-        raise ValueError(f"num_folds must be an int in [2, n={n}], got {num_folds!r}")
-    if isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < num_folds:
-        raise ValueError(f"fold must be an int in [0, num_folds={num_folds}), got {fold!r}")
+    num_folds = check_int(num_folds, "num_folds", 2, n, f"an int in [2, n={n}]")
+    fold = check_int(fold, "fold", 0, num_folds - 1, f"an int in [0, num_folds={num_folds})")
     in_fold = fold_assignment(n, num_folds, seed) == fold
     return in_fold.logical_not().nonzero().squeeze(1), in_fold.nonzero().squeeze(1)
 

@@ -11,12 +11,21 @@ paths included, so inference costs O(log n) batched tensor operations.
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import torch
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 
-__all__ = ["Graph", "Schedule", "Step", "check_int", "contraction_steps", "root_forest"]
+__all__ = ["ArgumentTypeError", "Graph", "Schedule", "Step", "check_float", "check_int", "choose_schedule",
+           "component_labels", "contraction_steps", "root_forest"]
+
+S = TypeVar("S")  # a schedule: ``steps``, ``num_raked``, ``num_compressed``
 
 
 @dataclass(frozen=True)
@@ -131,7 +140,7 @@ class Graph:
     def _components(self) -> list[np.ndarray]:
         """Connected-component label per node, for each graph of the ensemble."""
         if "components" not in self._cache:
-            self._cache["components"] = [_components(self.num_nodes, e) for e in self.edge_lists()]
+            self._cache["components"] = [component_labels(self.num_nodes, e) for e in self.edge_lists()]
         return self._cache["components"]
 
     @property
@@ -255,14 +264,61 @@ class Graph:
         return self._cache[(name, str(device))]
 
 
+# ---------------------------------------------------------------------- schedule choice
+def choose_schedule(build: Callable[[bool], S], raked: int, compressed: int, step_cost: dict[str, float],
+                    unit_cost: dict[str, float], device: torch.device) -> S:
+    """The rake + compress schedule ``build(True)`` (O(log n) steps) or the rake-only ``build(False)``
+    (O(height) steps, less work per removed node), whichever a cost model estimates faster on ``device``:
+    len(steps) * step_cost + (num_raked * raked + num_compressed * compressed) * unit_cost, with ``raked`` and
+    ``compressed`` the work units (elements, candidates) of one removed node of the op and the costs (seconds)
+    by device type ("cpu"; any other type reads "cuda"). Both schedules are exact: the model only decides
+    speed. ``build(False)`` is not built when ``build(True)`` compresses nothing (the two are then the same)."""
+    kind = device.type if device.type in step_cost else "cuda"
+
+    def seconds(sched: S) -> float:
+        work = sched.num_raked * raked + sched.num_compressed * compressed
+        return len(sched.steps) * step_cost[kind] + work * unit_cost[kind]
+
+    contract = build(True)
+    if contract.num_compressed == 0:
+        return contract
+    levels = build(False)
+    return levels if seconds(levels) < seconds(contract) else contract
+
+
 # ---------------------------------------------------------------------- argument checks
-def check_int(value: object, name: str, minimum: int) -> int:
-    """``value`` as an int (Python or numpy integer, not bool), or TypeError / ValueError naming ``name``."""
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type: a TypeError that is also a ValueError (most of the package's argument checks
+    raised ValueError for a bad type too before ``check_int`` / ``check_float`` served them all)."""
+
+
+def check_int(value: object, name: str, minimum: int | None = None, maximum: int | None = None,
+              expected: str | None = None) -> int:
+    """``value`` as an int (a Python or numpy integer, not a bool) in [minimum, maximum] (None: unbounded), else
+    ``ArgumentTypeError`` (not an integer) or ValueError (out of range): "<name> must be <expected>, got <value>",
+    ``expected`` by default "an int" (type) or ">= minimum" / "<= maximum" / "in [minimum, maximum]" (range)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise ArgumentTypeError(f"{name} must be {expected or 'an int'}, got {type(value).__name__} {value!r}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        bounds = f"in [{minimum}, {maximum}]" if minimum is not None and maximum is not None \
+            else f">= {minimum}" if minimum is not None else f"<= {maximum}"
+        raise ValueError(f"{name} must be {expected or bounds}, got {value!r}")
     return int(value)
+
+
+def check_float(value: object, name: str, minimum: float | None = None, strict: bool = True, finite: bool = False,
+                expected: str | None = None) -> float:
+    """``value`` as a float (a real number: Python or numpy, not a bool), > ``minimum`` (>= when not ``strict``; NaN
+    never passes a bound) and finite if ``finite``, else ``ArgumentTypeError`` (not a real number) or ValueError:
+    "<name> must be <expected>, got <value>", ``expected`` by default "a [finite] number [> minimum]"."""
+    what = expected or " ".join(["a", *(["finite"] if finite else []), "number",
+                                 *([f"{'>' if strict else '>='} {minimum:g}"] if minimum is not None else [])])
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
+    low = minimum is None or (value > minimum if strict else value >= minimum)
+    if not low or (finite and not math.isfinite(value)):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return float(value)
 
 
 def _as_edge_tensor(edges: object) -> torch.Tensor:
@@ -282,21 +338,11 @@ def _as_edge_tensor(edges: object) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- helpers (numpy, once per graph)
-def _components(n: int, edges: np.ndarray) -> np.ndarray:
-    parent = np.arange(n)
-
-    def find(a: int) -> int:
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    for a, b in edges:
-        ra, rb = find(int(a)), find(int(b))
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    roots = np.array([find(a) for a in range(n)])
-    return np.unique(roots, return_inverse=True)[1]
+def component_labels(n: int, edges: np.ndarray) -> np.ndarray:
+    """The connected component [n] of each of n nodes joined by ``edges`` [E, 2]: components numbered 0, 1, ...
+    in the order of their smallest node."""
+    adj = coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
+    return connected_components(adj, directed=False)[1]
 
 
 def root_forest(n: int, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

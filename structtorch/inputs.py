@@ -1,4 +1,5 @@
-"""Inputs that are not a flat feature matrix: per-node and per-edge features of grid images."""
+"""Inputs: per-node and per-edge features of grid images (inputs that are not a flat feature matrix), and the
+per-feature standardisation of a feature matrix (the datamodules' and the tree-CRF conditionals')."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["GridInputs"]
+__all__ = ["GridInputs", "Standardizer"]
 
 
 @dataclass
@@ -48,3 +49,36 @@ class GridInputs:
     @property
     def dtype(self) -> torch.dtype:
         return self.unary.dtype
+
+
+@dataclass
+class Standardizer:
+    """Per-feature affine standardisation ``(x - mean) / std`` fitted on training data only.
+
+    mean, std: [D], in the dtype of the standardised features. Features constant on the training set
+    (std < eps) get std = 1, so they map to 0 instead of blowing up. Missing values (NaN) are ignored by
+    ``fit`` and imputed with the training mean by ``transform`` / ``impute`` (0 after standardisation).
+    """
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    @classmethod
+    def fit(cls, x: torch.Tensor, eps: float = 1e-8, dtype: torch.dtype = torch.float32) -> Standardizer:
+        """Statistics of x [N, D] (population std, NaN ignored), computed in float64, kept in ``dtype``."""
+        if x.dim() != 2 or x.shape[0] == 0:
+            raise ValueError(f"Standardizer.fit needs x of shape [N >= 1, D], got {tuple(x.shape)}")
+        x = x.to(torch.float64)
+        mean = torch.nan_to_num(x.nanmean(0), nan=0.0)
+        var = torch.nan_to_num((x - mean).square().nanmean(0), nan=1.0)
+        std = var.sqrt()
+        std = torch.where(std < eps, torch.ones_like(std), std)
+        return cls(mean.to(dtype), std.to(dtype))
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        """Standardised x [N, D] (in the statistics' dtype); NaN -> 0 (the training mean)."""
+        return torch.nan_to_num((x.to(self.mean.dtype) - self.mean) / self.std, nan=0.0)
+
+    def impute(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, D] with NaN replaced by the training mean, otherwise unchanged."""
+        return torch.where(torch.isnan(x), self.mean.to(x.dtype), x)

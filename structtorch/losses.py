@@ -8,16 +8,16 @@ example, instead of a +inf / NaN loss that would silently poison training.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 
 import torch
 
+from .graph import check_float
 from .inference import smoothed_lp, tree_logz, tree_map
 from .potentials import Potentials
 
-__all__ = ["hamming_augment", "structured_hinge", "smoothed_lp_hinge", "zero_one_hinge", "total_score", "crf_nll",
-           "map_value", "check_loss_finite"]
+__all__ = ["hamming_margin", "hamming_augment", "structured_hinge", "smoothed_lp_hinge", "zero_one_hinge",
+           "total_score", "crf_nll", "map_value", "check_loss_finite"]
 
 MaxFn = Callable[[Potentials], torch.Tensor]
 #: (Potentials [*B], y [*B, n]) -> the best assignment other than y [*B, n] (the worst violator)
@@ -31,18 +31,23 @@ def map_value(pot: Potentials) -> torch.Tensor:
     return tree_map(pot)[0]
 
 
+def hamming_margin(y: torch.Tensor, num_states: int, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """Delta(y, .) per state [*B, n, K] of labels y [*B, n]: ``scale`` on every state other than y_i, 0 on y_i,
+    so the Hamming loss of an assignment is the sum of its states' entries. Adding it to the unary scores is
+    margin rescaling (``hamming_augment``; the solvers' primal and Domke's biases add it to their own)."""
+    return scale * (1.0 - torch.nn.functional.one_hot(y, num_states).to(dtype))
+
+
 def hamming_augment(pot: Potentials, y: torch.Tensor, scale: float = 1.0) -> Potentials:
-    """Loss-augmented potentials: + scale on every unary state that differs from y [*B, n].
+    """Loss-augmented potentials: + scale on every unary state that differs from y [*B, n] (``hamming_margin``).
 
     Ensembles with a per-graph unary [*B, T, n, K] get the same augmentation on every graph.
     """
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number, got {scale!r}")
-    y = pot.check_labels(y)
-    wrong = 1.0 - torch.nn.functional.one_hot(y, pot.num_states).to(pot.dtype)  # [*B, n, K]
+    check_float(scale, "scale", finite=True)
+    delta = hamming_margin(pot.check_labels(y), pot.num_states, scale, pot.dtype)  # [*B, n, K]
     if pot.unary_per_graph:
-        wrong = wrong.unsqueeze(-3)  # [*B, 1, n, K] against unary [*B, T, n, K]
-    return Potentials(pot.unary + scale * wrong, pot.pairwise, pot.graph)
+        delta = delta.unsqueeze(-3)  # [*B, 1, n, K] against unary [*B, T, n, K]
+    return Potentials(pot.unary + delta, pot.pairwise, pot.graph)
 
 
 def structured_hinge(pot: Potentials, y: torch.Tensor, max_fn: MaxFn = map_value, scale: float = 1.0) -> torch.Tensor:

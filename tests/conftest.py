@@ -251,6 +251,55 @@ def assignment_index(y: torch.Tensor, K: int) -> torch.Tensor:
     return (y * powers).sum(-1)
 
 
+# ---------------------------------------------------------------------- data where the structure decides
+#: CRANK's synthetic data (6 labels, x in R^4, a random tree) with every tree edge an exclusion (w_ij = -8: two
+#: neighbours are never both on): the labels are a maximum-weight independent set of the tree, a function of x
+#: that no per-label linear classifier represents but a linear energy on the right edges does. Measured on this
+#: split (2000 test examples: standard error of a subset accuracy about 0.011): Independent, trained to its
+#: certificate, Hamming 0.928 / subset 0.641 (0.91 / 0.59 - 0.62 on seeds 0-2); CRANK 0.969 / 0.864, RTA
+#: (5 trees) 0.970 / 0.886, MST and Greedy 0.970 / 0.868, MAM (5 trees) 0.962 / 0.808. The old split
+#: (pairwise_mean=0) gives Independent 0.99 / 0.94: there no accuracy floor tells structure from none.
+EXCLUSIONS = dict(num_train=300, num_test=2000, num_labels=6, num_features=4, seed=3, pairwise_scale=0.0,
+                  pairwise_mean=-8.0, val_fraction=0.0)
+
+
+def exclusion_data(batch_size: int):
+    """``SyntheticDataModule`` on ``EXCLUSIONS`` (set up), batches of ``batch_size``."""
+    from structtorch.data import SyntheticDataModule
+
+    dm = SyntheticDataModule(**EXCLUSIONS, batch_size=batch_size)
+    dm.setup("fit")
+    return dm
+
+
+@pytest.fixture(scope="session")
+def independent_on_exclusions() -> dict[str, float]:
+    """Test metrics of the learners' own structure-free baseline, ``LEARNERS["independent"]`` (one linear
+    max-margin classifier per label, trained to its certificate), on ``exclusion_data``: the bar a structured
+    learner must clear by a margin (a learner that ignores or loses its label interactions does not)."""
+    import lightning as L
+
+    from structtorch.learners import LEARNERS
+
+    dm = exclusion_data(batch_size=300)
+    model = LEARNERS["independent"](dm.num_features, dm.num_labels, l2=1e-3)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=100, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False)
+    trainer.fit(model, datamodule=dm)
+    assert model.solver_report()["converged"]
+    return trainer.test(model, datamodule=dm, verbose=False)[0]
+
+
+def beats_independent(metrics: dict[str, float], independent: dict[str, float], subset: float, hamming: float
+                      ) -> None:
+    """Assert the test metrics beat Independent's by ``subset`` (subset accuracy) and ``hamming`` (Hamming)."""
+    gain = {k: round(metrics[f"test/{k}_acc"] - independent[f"test/{k}_acc"], 4) for k in ("subset", "hamming")}
+    msg = (f"structured subset {metrics['test/subset_acc']:.3f} hamming {metrics['test/hamming_acc']:.3f} vs "
+           f"Independent {independent['test/subset_acc']:.3f} / {independent['test/hamming_acc']:.3f}: gain {gain}, "
+           f"required {subset} / {hamming}")
+    assert gain["subset"] >= subset and gain["hamming"] >= hamming, msg
+
+
 @pytest.fixture(scope="module")
 def quiet_single_thread():
     """Tiny tensors: intra-op threads only cost time (a lot on a busy machine); Lightning logs off."""

@@ -8,6 +8,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from conftest import beats_independent, exclusion_data
 from hydra import compose, initialize_config_dir
 from lightning.pytorch.callbacks import ModelCheckpoint
 from sklearn.linear_model import Lasso
@@ -75,9 +76,8 @@ def test_fista_bad_l1():
 # ---------------------------------------------------------------------- CRANK
 @pytest.fixture(scope="module")
 def small() -> SyntheticDataModule:
-    dm = SyntheticDataModule(num_train=300, num_test=1000, num_labels=6, batch_size=300, val_fraction=0.0, seed=3)
-    dm.setup("fit")
-    return dm
+    """Tree data where the structure decides (conftest.EXCLUSIONS): Independent is far behind a right tree."""
+    return exclusion_data(batch_size=300)
 
 
 CRANK_KWARGS = {"l2": 0.01, "restarts": 3, "inner_iters": 60, "beta": 1e-4, "beta_growth": 4.0}
@@ -158,19 +158,17 @@ def test_crank_objective_decreases_within_each_beta(crank):
             assert bool((cur["all"] <= prev["all"] + 1e-4 * prev["all"].abs()).all())
 
 
-def test_crank_accuracy_floor(crank, small):
-    """On tree-structured data CRANK's tree beats the majority-vote floor by a wide margin and matches
-    independent per-label prediction at least (a broken learner or a wrong tree decode cannot)."""
+def test_crank_beats_independent_and_recovers_the_tree(crank, small, independent_on_exclusions):
+    """On labels that only the right label interactions explain (conftest.EXCLUSIONS), CRANK's tree beats the
+    structure-free Independent by far more than test noise (measured: subset 0.864 vs 0.641, Hamming 0.969 vs
+    0.928), and its tree holds most true edges (a uniformly random spanning tree of 6 labels shares 25/15 ~ 1.7
+    with it on average). A CRANK that drops its pairwise terms, or decodes without them, is Independent."""
     model, trainer, _ = crank
     metrics = trainer.test(model, datamodule=small, verbose=False)[0]
-    y = small.test_tensors[1]
-    majority = torch.maximum(y.float().mean(0), 1 - y.float().mean(0)).mean().item()
-    assert metrics["test/hamming_acc"] >= max(0.95, majority + 0.1)
-    assert metrics["test/subset_acc"] >= 0.5
-    # a uniformly random spanning tree of 6 labels shares 25/15 ~ 1.7 edges with the true one on average
+    beats_independent(metrics, independent_on_exclusions, subset=0.12, hamming=0.02)
     learned = {tuple(sorted(e)) for e in model.graph.edges.tolist()}
     true = {tuple(sorted(e)) for e in small.dataset.tree.edges.tolist()}
-    assert len(learned & true) >= 3
+    assert len(learned & true) >= 4, (learned, true)
 
 
 def test_crank_bad_input(small):
@@ -277,7 +275,10 @@ def test_greedy_bad_search_iters(small):
 
 
 @pytest.mark.parametrize("kind", [Greedy, MST])
-def test_structure_search_baselines(kind, small):
+def test_structure_search_baselines_find_a_forest_that_beats_independent(kind, small, independent_on_exclusions):
+    """MST (the max spanning tree of the pairwise objective gains) and Greedy (edges added while the certified
+    objective drops) end on a forest whose M3N beats Independent well outside test noise (measured: subset
+    0.868 vs 0.641, Hamming 0.970 vs 0.928)."""
     model = kind(small.num_features, small.num_labels, l2=0.01)
     trainer = L.Trainer(accelerator="cpu", max_epochs=100, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=False)
@@ -289,12 +290,13 @@ def test_structure_search_baselines(kind, small):
         objectives = [s["objective"] for s in model.search_log]
         assert all(b < a for a, b in zip(objectives, objectives[1:])) and len(objectives) > 1
     metrics = trainer.test(model, datamodule=small, verbose=False)[0]
-    assert metrics["test/hamming_acc"] >= 0.95 and metrics["test/subset_acc"] >= 0.5
+    beats_independent(metrics, independent_on_exclusions, subset=0.12, hamming=0.02)
 
 
-def test_project_is_the_tree_projection_of_full(small, tmp_path):
+def test_project_is_the_tree_projection_of_full(small, tmp_path, independent_on_exclusions):
     """Project trains Full to its certificate, then one CCCP iteration with a large beta keeps the maximum
-    spanning tree of |w_full| (footnote 7); its last.ckpt predicts on that tree."""
+    spanning tree of |w_full| (footnote 7); its last.ckpt predicts on that tree, which beats Independent
+    (measured: subset 0.864 vs 0.641, Hamming 0.969 vs 0.928)."""
     model = Project(small.num_features, small.num_labels, l2=0.01, inner_iters=60)
     seen = {}
     original = model.strategy.iteration
@@ -307,7 +309,7 @@ def test_project_is_the_tree_projection_of_full(small, tmp_path):
     assert torch.equal(model.structure_mask, projection)
     assert_loads_as_trained(model, trainer.checkpoint_callback.last_model_path, small.test_tensors[0])
     metrics = trainer.test(model, datamodule=small, verbose=False)[0]
-    assert metrics["test/hamming_acc"] >= 0.95
+    beats_independent(metrics, independent_on_exclusions, subset=0.12, hamming=0.02)
 
 
 @pytest.mark.parametrize("name", ["crank", "project"])

@@ -458,6 +458,28 @@ def test_crank_synthetic_is_seeded_and_nested() -> None:
     torch.testing.assert_close(big.complete_graph_weights()[mask].sort().values, big.pairwise_weights.sort().values)
 
 
+def test_crank_synthetic_pairwise_mean_makes_every_tree_edge_an_exclusion() -> None:
+    """pairwise_mean shifts the edge weights and changes no other draw (the default is the paper's data); with
+    pairwise_scale=0 and a strongly negative mean, two tree neighbours are never both 1 (the labels are a
+    maximum-weight independent set of the tree) while every label is still on for some inputs."""
+    plain, shifted = crank_synthetic(50, 400, num_labels=6, seed=3), crank_synthetic(50, 400, num_labels=6, seed=3,
+                                                                                      pairwise_mean=0.0)
+    assert torch.equal(plain.y_test, shifted.y_test) and torch.equal(plain.pairwise_weights, shifted.pairwise_weights)
+    d = crank_synthetic(50, 400, num_labels=6, seed=3, pairwise_scale=0.0, pairwise_mean=-8.0)
+    assert d.tree == plain.tree and torch.equal(d.x_test, plain.x_test)
+    assert torch.equal(d.unary_weights, plain.unary_weights) and (d.pairwise_weights == -8.0).all()
+    e = d.tree.edges
+    assert not (d.y_test[:, e[:, 0]] & d.y_test[:, e[:, 1]]).any() and d.y_test.any(0).all()
+    assert not torch.equal(d.y_test, plain.y_test)
+    torch.testing.assert_close(crank_synthetic(5, 5, seed=1, pairwise_mean=1.5).pairwise_weights,
+                               crank_synthetic(5, 5, seed=1).pairwise_weights + 1.5)
+    dm = SyntheticDataModule(num_train=50, num_test=400, num_labels=6, seed=3, pairwise_scale=0.0, pairwise_mean=-8.0)
+    assert torch.equal(dm.test_tensors[1], d.y_test) and dm.hparams["pairwise_mean"] == -8.0
+    for bad in (float("nan"), float("inf"), "big", True):
+        with pytest.raises(ValueError, match="pairwise_mean"):
+            crank_synthetic(5, 5, pairwise_mean=bad)
+
+
 def test_synthetic_datamodule_interface() -> None:
     dm = SyntheticDataModule(num_train=50, num_test=30, num_labels=5, batch_size=16, val_fraction=0.2, seed=2)
     assert dm.num_features == 4 and dm.num_labels == 5

@@ -5,11 +5,12 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
+from conftest import beats_independent, exclusion_data
 
 from structtorch import Graph, Potentials
 from structtorch.data import SyntheticDataModule
 from structtorch.inference import brute_force_map, lp_map
-from structtorch.learners import Full, Independent
+from structtorch.learners import Full
 from structtorch.losses import hamming_augment, structured_hinge
 
 
@@ -37,14 +38,16 @@ def test_full_learns_and_beats_majority(synthetic: SyntheticDataModule) -> None:
     assert model.example_state.messages[: len(synthetic.train_tensors[0])].abs().sum() > 0
 
 
-def test_full_not_worse_than_independent_on_coupled_labels(synthetic: SyntheticDataModule) -> None:
-    """Both trained to their certificates (default solver). On this tree data Independent is already at 0.95
-    subset accuracy; Full (0.94 with spin couplings, 0.95 without) must not lose more than 6 of 300 examples."""
+def test_full_beats_independent_on_coupled_labels(independent_on_exclusions) -> None:
+    """Trained to its certificate (default solver) on labels only their interactions explain (conftest.EXCLUSIONS),
+    Full's complete graph learns the exclusions: well above Independent (measured: subset 0.865 vs 0.641, Hamming
+    0.969 vs 0.928; 0.78 - 0.81 vs 0.59 - 0.63 subset on seeds 0-2). On the old data Independent was at 0.95 subset
+    and Full was only asked not to lose more than 6 of 300 examples to it."""
+    dm = exclusion_data(batch_size=300)
     L.seed_everything(0)
-    full = _fit(Full(synthetic.num_features, synthetic.num_labels, l2=0.01), synthetic, epochs=50)
-    L.seed_everything(0)
-    ind = _fit(Independent(synthetic.num_features, synthetic.num_labels, l2=0.01), synthetic, epochs=50)
-    assert full["test/subset_acc"] >= ind["test/subset_acc"] - 0.02
+    model = Full(dm.num_features, dm.num_labels, l2=0.01)
+    beats_independent(_fit(model, dm, epochs=50), independent_on_exclusions, subset=0.12, hamming=0.02)
+    assert model.solver_report()["converged"]
 
 
 def test_full_lp_map_prediction_path() -> None:

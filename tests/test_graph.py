@@ -300,6 +300,24 @@ def test_constructors_on_one_node_give_one_node_without_edges(make):
     assert make(np.int64(3)).num_nodes == 3  # numpy ints are ints
 
 
+def test_argument_checks_name_the_argument_what_was_expected_and_what_came():
+    from structtorch.graph import ArgumentTypeError, check_float, check_int
+
+    assert check_int(np.int64(3), "k", 1, 3) == 3 and check_float(np.float32(0.5), "eps", 0.0) == 0.5
+    with pytest.raises(ArgumentTypeError, match="k must be a positive int, got float 1.5") as bad_type:
+        check_int(1.5, "k", 1, expected="a positive int")
+    assert isinstance(bad_type.value, TypeError) and isinstance(bad_type.value, ValueError)
+    with pytest.raises(ValueError, match=r"fold must be in \[0, 2\], got 3"):
+        check_int(3, "fold", 0, 2)
+    with pytest.raises(ArgumentTypeError, match="tol must be a number >= 0, got bool True"):
+        check_float(True, "tol", 0.0, strict=False)
+    for value in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match="eps must be a number > 0"):
+            check_float(value, "eps", 0.0)
+    with pytest.raises(ValueError, match="scale must be a finite number, got inf"):
+        check_float(math.inf, "scale", finite=True)
+
+
 @pytest.mark.parametrize("h,w,name", [(0, 3, "h"), (3, 0, "w"), (-2, 2, "h"), (2, -1, "w")])
 def test_grid_rejects_empty_sides(h, w, name):
     with pytest.raises(ValueError, match=rf"{name} must be >= 1"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
+from conftest import EXCLUSIONS, beats_independent
 
 from structtorch import Graph, Potentials
 from structtorch.data import SyntheticDataModule, random_tree
@@ -50,8 +51,10 @@ def majority_subset(y: torch.Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def dm() -> SyntheticDataModule:
-    # labels are the exact MAP of a tree model: FixedTree on the true tree is well specified
-    return SyntheticDataModule(num_train=1000, num_test=1000, num_labels=6, batch_size=32, seed=0)
+    """Labels are the exact MAP of a tree model whose edges are exclusions (conftest.EXCLUSIONS, 1000 examples
+    each side): FixedTree on the true tree is well specified, and Independent cannot represent the labels."""
+    return SyntheticDataModule(**{**EXCLUSIONS, "num_train": 1000, "num_test": 1000, "val_fraction": 0.1},
+                               batch_size=32)
 
 
 def learner(kind: str, dm: SyntheticDataModule, **kwargs) -> StructuredLearner:
@@ -99,10 +102,12 @@ def test_learner_trains_well_above_majority_baseline(kind, trained, dm):
     assert abs((pred == y).all(-1).float().mean().item() - metrics["test/subset_acc"]) < 1e-6
 
 
-def test_true_tree_beats_independent_on_subset_accuracy(trained):
-    ind = trained["independent"][2]["test/subset_acc"]
-    tree = trained["true_tree"][2]["test/subset_acc"]
-    assert tree >= ind + 0.01, (tree, ind)
+@pytest.mark.parametrize("kind", ["true_tree", "chow_liu"])
+def test_the_right_tree_beats_independent(kind, trained):
+    """Trained alike (Adam, 12 epochs), FixedTree on the true tree, and on the Chow-Liu tree of the training labels
+    (the true tree here), beat Independent well outside test noise on exclusion labels (measured: subset 0.784 vs
+    0.630, Hamming 0.951 vs 0.925; the old data gave 0.838 vs 0.795 and asked for +0.01)."""
+    beats_independent(trained[kind][2], trained["independent"][2], subset=0.10, hamming=0.015)
 
 
 def test_fixed_tree_learns_pairwise_weights_and_independent_has_none(trained, dm):
@@ -291,12 +296,32 @@ def test_base_learner_with_explicit_energy(dm):
     assert model.energy is energy
     assert "energy" not in model.hparams
     x, y = dm.train_tensors
+    with pytest.raises(RuntimeError, match="model.l2=auto is set from the number of training examples"):
+        model.training_step((x[:16], y[:16]), 0)
+    assert model.resolve_l2(len(x)) == [StructuredLearner.auto_l2 / len(x)]
     loss = model.training_step((x[:16], y[:16]), 0)  # the gradient strategy's loss: hinge + l2
     assert loss.ndim == 0 and torch.isfinite(loss)
     loss.backward()
     assert energy.unary.weight.grad is not None and energy.edge_weight.grad is not None
     # hinge at zero weights: every label is predicted wrong by the loss-augmented argmax
     assert loss.item() == pytest.approx(dm.num_labels, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", ["independent", "tree_crf", "rta"])
+def test_default_l2_scales_with_the_training_set(name, dm):
+    """model.l2=auto is the learner's auto_l2 / N at fit start (in metrics.json's solver report): the same weight
+    per example at any N; a given l2 is kept as given."""
+    x, y = dm.train_tensors
+    for rows in (len(x), len(x) // 3):
+        small = SyntheticDataModule(num_train=rows, num_test=10, num_labels=dm.num_labels, val_fraction=0.0, seed=0)
+        model = LEARNERS[name](dm.num_features, dm.num_labels)
+        L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                  enable_model_summary=False).fit(model, datamodule=small)
+        assert model.solver_report()["l2"] == [pytest.approx(type(model).auto_l2 / rows)]
+    given = LEARNERS[name](dm.num_features, dm.num_labels, l2=0.25)
+    assert given.l2_grid == [0.25] and given.resolve_l2(17) == [0.25]
+    with pytest.raises(ValueError, match="l2 must be 'auto', a number >= 0 or a non-empty list"):
+        LEARNERS[name](dm.num_features, dm.num_labels, l2="automatic")
 
 
 def test_custom_inference_callables_are_used(dm):

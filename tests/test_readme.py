@@ -89,9 +89,29 @@ def data_cache(tmp_path_factory) -> Path:
     return cache
 
 
+def majority_hamming(run: Path) -> float | None:
+    """Hamming accuracy of predicting each label's majority value on the test labels of ``run`` (its saved Hydra
+    config rebuilds the data; the Mulan files come from ``$STRUCTTORCH_DATA``); None for image data (denoising)."""
+    from omegaconf import OmegaConf
+
+    from structtorch.train import build_datamodule
+
+    cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
+    if cfg.data.kind == "denoising":
+        return None
+    dm = build_datamodule(cfg.data)
+    dm.setup()
+    y = dm.test_tensors[1].float()
+    return torch.maximum(y.mean(0), 1 - y.mean(0)).mean().item()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", CASES)
-def test_readme_command_runs_as_written(command, outputs, data_cache):
+def test_readme_command_runs_as_written(command, outputs, data_cache, monkeypatch):
+    """Each run exits cleanly, logs, and learns: its test Hamming accuracy (also the mean of its per-label or
+    per-pixel accuracies, a second computation) beats predicting every label's majority value by 0.02 even after
+    1-2 epochs (measured: +0.034 for the closest, 1-epoch Adam on emotions and Independent on yeast; +0.05 - +0.33
+    for the others; not checked on the denoising images), which a run that trains nothing or ignores x does not."""
     for needle, why in NEEDS.items():
         if needle in command:
             pytest.skip(why)
@@ -111,9 +131,18 @@ def test_readme_command_runs_as_written(command, outputs, data_cache):
     assert proc.returncode == 0, f"{command}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     runs = [run_dir] if not multirun else sorted(p for p in run_dir.iterdir() if p.name.isdigit())
     assert runs
+    monkeypatch.setenv("STRUCTTORCH_DATA", str(data_cache))
     for run in runs:
         metrics = json.loads((run / "metrics.json").read_text())
-        assert 0.0 <= metrics["test/hamming_acc"] <= 1.0
+        hamming = metrics["test/hamming_acc"]
+        per_label = metrics.get("per_label", {})  # per label by name, or a per-pixel summary (grid images)
+        accuracy = [per_label["accuracy"]["mean"]] if "pixels" in per_label else [
+            v["accuracy"] for v in per_label.values()]
+        if accuracy:
+            assert sum(accuracy) / len(accuracy) == pytest.approx(hamming, abs=1e-5), (accuracy, hamming)
+        majority = majority_hamming(run)
+        if majority is not None:
+            assert hamming >= majority + 0.02, (command, run.name, hamming, majority)
         assert list(run.glob("*/events.out.tfevents.*")), "the default logger (TensorBoard) wrote nothing"
         assert (run / "train.log").stat().st_size > 0
     if multirun:

@@ -7,6 +7,9 @@ import itertools
 import lightning as L
 import pytest
 import torch
+from conftest import beats_independent, exclusion_data
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from structtorch import Graph, Potentials
 from structtorch.data import SyntheticDataModule
@@ -90,12 +93,40 @@ def test_certified_inference_equals_brute_force(seed):
             assert not (y == exclude).all(1).any()
 
 
-def test_ensemble_candidates_memory_is_linear_in_trees():
-    """Candidates are scored on the union graph: at most n(n-1)/2 distinct pairs however many trees."""
-    n, T = 6, 40
-    pot = random_energy(n, T)(torch.randn(3, 5, dtype=F64))
-    union = ensemble_union(pot)
-    assert union.graph.num_edges <= n * (n - 1) // 2 and union.pairwise.shape[-3] == union.graph.num_edges
+class AllocatedBytes(TorchDispatchMode):
+    """Counts the memory the aten ops run under it allocate: the bytes of every output whose storage is none of
+    the op's inputs' (views and in-place results allocate nothing), in total and the largest single one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        inputs = {t.untyped_storage().data_ptr() for t in tensors}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.total += t.untyped_storage().nbytes()
+                self.largest = max(self.largest, t.untyped_storage().nbytes())
+        return out
+
+
+def test_ensemble_map_allocates_memory_linear_in_trees():
+    """ensemble_map scores its T k candidates on the union graph (one quadratic form: O(B T k n K) memory), not on
+    every tree (O(B T^2 k n)): four times the trees allocate four times the bytes (measured 3.93x in total and
+    3.99x for the largest tensor, n = 6, k = 2; scoring every candidate on every tree makes them 10.6x and 16x),
+    and the union has at most n(n-1)/2 edges however many trees."""
+    n, B, D = 6, 4, 5
+    allocated = {}
+    for T in (20, 80):
+        pot = random_energy(n, T, D)(torch.randn(B, D, dtype=F64, generator=torch.Generator().manual_seed(T)))
+        union = ensemble_union(pot)
+        assert union.graph.num_edges <= n * (n - 1) // 2 and union.pairwise.shape[-3] == union.graph.num_edges
+        with torch.no_grad(), AllocatedBytes() as allocated[T]:
+            ensemble_map(pot.detach(), 2)
+    total, largest = allocated[80].total / allocated[20].total, allocated[80].largest / allocated[20].largest
+    assert allocated[20].total > 0 and total <= 4.4 and largest <= 4.4, (total, largest)
 
 
 # ---------------------------------------------------------------------- 0/1-margin BCFW
@@ -154,9 +185,8 @@ def test_zero_one_oracle_never_returns_the_label():
 # ---------------------------------------------------------------------- learner
 @pytest.fixture(scope="module")
 def small() -> SyntheticDataModule:
-    dm = SyntheticDataModule(num_train=300, num_test=1000, num_labels=6, batch_size=100, val_fraction=0.0, seed=3)
-    dm.setup("fit")
-    return dm
+    """Tree data where the structure decides (conftest.EXCLUSIONS): Independent is far behind the right edges."""
+    return exclusion_data(batch_size=100)
 
 
 def trainer(tmp_path=None, epochs: int = 300) -> L.Trainer:
@@ -174,23 +204,18 @@ def rta(small) -> tuple[RTA, L.Trainer]:
     return model, t
 
 
-def test_rta_certified_training_and_accuracy_floor(rta, small):
-    """RTA stops on its own certificate and beats the majority vote and independent linear SVMs (the
-    labels come from a tree model; a broken learner, decoder or tree bookkeeping cannot do both)."""
+def test_rta_certified_training_beats_independent(rta, small, independent_on_exclusions):
+    """RTA stops on its own certificate, certifies its test predictions, and beats the structure-free
+    Independent well outside test noise on labels only label interactions explain (measured: subset 0.886 vs
+    0.641, Hamming 0.970 vs 0.928; an RTA whose edge tables cannot couple their two labels, or a decoder that
+    ignores the ensemble, stays near Independent)."""
     model, t = rta
     report = model.solver_report()
     assert report["solver"] == "bcfw" and report["converged"] and t.current_epoch < 300
     assert report["inference"]["train"]["certified"] >= 0.9
     metrics = t.test(model, datamodule=small, verbose=False)[0]
-    y = small.test_tensors[1]
-    majority = torch.maximum(y.float().mean(0), 1 - y.float().mean(0)).mean().item()
-    assert metrics["test/hamming_acc"] >= majority + 0.1
     assert metrics["test/certified"] >= 0.9
-    independent = LEARNERS["independent"](small.num_features, small.num_labels, l2=1e-3, solver="bcfw", tol=1e-2)
-    it = trainer()
-    it.fit(independent, datamodule=small)
-    base = it.test(independent, datamodule=small, verbose=False)[0]
-    assert metrics["test/subset_acc"] >= base["test/subset_acc"]
+    beats_independent(metrics, independent_on_exclusions, subset=0.12, hamming=0.02)
 
 
 def test_rta_trees_come_back_from_the_seed(small, tmp_path):
@@ -212,13 +237,16 @@ def test_rta_trees_come_back_from_the_seed(small, tmp_path):
         other.on_load_checkpoint(torch.load(ckpt, weights_only=False))
 
 
-def test_rta_gradient_solver_and_hamming_margin(small):
-    """The 0/1-margin hinge by Adam, and the Hamming-rescaled variant (the default) by BCFW, both learn."""
-    for kwargs in ({"solver": "adam", "lr": 0.05, "margin": "zero_one"}, {"margin": "hamming"}):
-        model = RTA(small.num_features, small.num_labels, num_trees=3, k=2, l2=1e-2, normalize=False, **kwargs)
-        t = trainer(epochs=40)
-        t.fit(model, datamodule=small)
-        assert t.test(model, datamodule=small, verbose=False)[0]["test/hamming_acc"] >= 0.8
+@pytest.mark.parametrize("kwargs", [{"solver": "adam", "lr": 0.05, "margin": "zero_one"}, {"margin": "hamming"}],
+                         ids=["adam-zero_one", "bcfw-hamming"])
+def test_rta_gradient_solver_and_hamming_margin_beat_independent(kwargs, small, independent_on_exclusions):
+    """The 0/1-margin hinge by Adam, and the Hamming-rescaled variant (the default) by BCFW, both learn the label
+    interactions of 3 random trees: subset accuracy well above Independent's (measured: 0.771 and 0.798 vs 0.641)."""
+    model = RTA(small.num_features, small.num_labels, num_trees=3, k=2, l2=1e-2, normalize=False, **kwargs)
+    t = trainer(epochs=40)
+    t.fit(model, datamodule=small)
+    beats_independent(t.test(model, datamodule=small, verbose=False)[0], independent_on_exclusions,
+                      subset=0.07, hamming=0.005)
 
 
 def test_rta_bad_input(small):
@@ -241,9 +269,10 @@ def test_rta_is_a_cli_learner():
 
 
 # ---------------------------------------------------------------------- MAM
-def test_mam_trains_its_trees_separately_and_averages_max_marginals(small):
+def test_mam_trains_its_trees_separately_and_averages_max_marginals(small, independent_on_exclusions):
     """MAM's forest holds one copy of the labels per tree; with one tree it predicts that tree's MAP (the
-    argmax of exact max-marginals); with five it learns (above the majority vote)."""
+    argmax of exact max-marginals); five trees' averaged max-marginals beat Independent (measured: subset 0.808 vs
+    0.641, Hamming 0.962 vs 0.928) and the one tree (subset 0.712)."""
     one = LEARNERS["mam"](small.num_features, small.num_labels, num_trees=1, l2=1e-2)
     t = trainer(epochs=50)
     t.fit(one, datamodule=small)
@@ -257,8 +286,9 @@ def test_mam_trains_its_trees_separately_and_averages_max_marginals(small):
     assert five.energy.graph.num_nodes == 5 * small.num_labels and five.energy.graph.num_components == 5
     t = trainer(epochs=50)
     t.fit(five, datamodule=small)
-    y = small.test_tensors[1]
-    majority = torch.maximum(y.float().mean(0), 1 - y.float().mean(0)).mean().item()
-    assert t.test(five, datamodule=small, verbose=False)[0]["test/hamming_acc"] >= majority + 0.1
+    averaged = t.test(five, datamodule=small, verbose=False)[0]
+    beats_independent(averaged, independent_on_exclusions, subset=0.10, hamming=0.015)
+    single = trainer(epochs=1).test(one, datamodule=small, verbose=False)[0]  # averaging beats one tree's MAP
+    assert averaged["test/subset_acc"] >= single["test/subset_acc"] + 0.05, (averaged, single)
     with pytest.raises(ValueError, match="num_trees"):
         LEARNERS["mam"](small.num_features, small.num_labels, num_trees=0)

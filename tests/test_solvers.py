@@ -238,13 +238,7 @@ def test_bcfw_bad_input():
 
 def lbfgs_until(opt: BatchedLBFGS, tol: float, max_iter: int = 500) -> torch.Tensor:
     """Step each model until its gradient norm is <= tol times its initial one; returns converged [M]."""
-    g0 = opt.grad.norm(dim=1)
-    for _ in range(max_iter):
-        active = opt.grad.norm(dim=1) > tol * g0
-        if not bool(active.any()):
-            break
-        opt.step(active)
-    return opt.grad.norm(dim=1) <= tol * g0
+    return opt.run(max_iter, tol * opt.grad.norm(dim=1))
 
 
 def test_batched_lbfgs_reaches_scipy_optimum_on_tree_crf():

@@ -408,6 +408,16 @@ def test_random_spanning_trees_bad_input():
         sts.random_spanning_trees(4, True)
 
 
+def test_pruefer_decode_of_a_batch_is_the_trees_of_its_rows():
+    seqs = torch.randint(0, 7, (6, 5), generator=torch.Generator().manual_seed(0))
+    trees = sts.pruefer_decode(seqs, 7)
+    assert trees.edges.shape == (6, 6, 2) and trees.is_tree
+    for seq, edges in zip(seqs, trees.edges):
+        assert torch.equal(sts.pruefer_decode(seq, 7).edges, edges)
+    with pytest.raises(ValueError, match="a Pruefer sequence for n=7 has n-2 entries"):
+        sts.pruefer_decode(seqs[:, :4], 7)
+
+
 # ---------------------------------------------------------------------- NaN and empty batches
 def test_circuit_rank_regulariser_names_its_nan_argument():
     tri = st.Graph.complete(3)

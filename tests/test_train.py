@@ -240,8 +240,13 @@ def test_run_writes_metrics_json(overrides, tmp_path):
         assert 0.0 <= written[key] <= 1.0, key
     assert written["train_seconds"] > 0 and written["test_seconds"] > 0
     assert written["model"] == cfg.model.name and written["data"] == "synthetic"
-    # a real (if short) training run: clearly better than chance on 5 labels
-    assert written["test/hamming_acc"] > 0.75
+    # a real (if short) training run: clearly better than predicting each label's majority value (0.746 here;
+    # measured 0.882 - 0.896), which a run that trains nothing or ignores x does not beat
+    dm = build_datamodule(cfg.data)
+    dm.setup()
+    y = dm.test_tensors[1].float()
+    majority = torch.maximum(y.mean(0), 1 - y.mean(0)).mean().item()
+    assert written["test/hamming_acc"] >= majority + 0.1, (written["test/hamming_acc"], majority)
     if cfg.logger == "csv":
         assert list(tmp_path.glob(f"{run_name}/**/metrics.csv"))
     assert set(written["per_label"]) == {f"y{i}" for i in range(5)}

@@ -272,7 +272,11 @@ def test_datamodule_holds_the_dataset():
 
 @pytest.mark.usefixtures("quiet_single_thread")
 @pytest.mark.filterwarnings("ignore:.*does not have many workers", "ignore:.*LeafSpec", "ignore:.*log_every_n_steps")
-def test_train_smoke_run(tmp_path):
+def test_train_run_writes_the_chow_liu_tree_and_learns(tmp_path):
+    """``structtorch.train.run`` on the tree-CRF data with FixedTree: metrics.json holds the test metrics it
+    returns, the Chow-Liu tree of the training labels (here the true tree, by label name), and a Hamming accuracy
+    far above predicting each label's majority value (measured 0.835 vs 0.527; 0.89 / 0.88 vs 0.60 / 0.51 on
+    seeds 1 and 2): a run that trains nothing, or ignores x, does not get there."""
     cfg = compose_cfg("data=tree_crf_synthetic", "data.num_labels=6", "data.num_train=200", "data.num_test=100",
                       "model=fixed_tree", "trainer.max_epochs=2", "logger=none", "trainer.enable_progress_bar=false",
                       "trainer.enable_checkpointing=false")
@@ -280,5 +284,12 @@ def test_train_smoke_run(tmp_path):
     written = json.loads((tmp_path / "metrics.json").read_text())
     assert written["data"] == "tree_crf_synthetic" and written["model"] == "fixed_tree"
     assert set(written["per_label"]) == {f"y{i}" for i in range(6)}
-    assert written["structure"]["num_edges"] == 5
-    assert 0.0 <= metrics["test/hamming_acc"] <= 1.0
+    assert {k: v for k, v in written.items() if k.startswith("test/")} == {
+        k: v for k, v in metrics.items() if k.startswith("test/")}
+    dm = build_datamodule(cfg.data)
+    dm.setup()
+    true_tree = {(f"y{i}", f"y{j}") for i, j in dm.dataset.tree.edges.tolist()}
+    assert {tuple(sorted(e[:2])) for e in written["structure"]["edges"]} == true_tree
+    y = dm.test_tensors[1].float()
+    majority = torch.maximum(y.mean(0), 1 - y.mean(0)).mean().item()
+    assert metrics["test/hamming_acc"] >= majority + 0.2, (metrics["test/hamming_acc"], majority)

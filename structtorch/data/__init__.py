@@ -6,18 +6,15 @@ Domke's denoising images) give ``(GridInputs, y [B, h * w], index [B])``.
 """
 
 from ..folds import fold_assignment, kfold_indices, train_val_indices
+from ..inputs import Standardizer
+from ..structure import pruefer_decode
 from .arff import ArffAttribute, ArffData, load_arff
-from .datamodule import (
-    MultilabelDataModule,
-    Standardizer,
-    SyntheticDataModule,
-    TreeCRFSyntheticDataModule,
-)
+from .datamodule import MultilabelDataModule, SyntheticDataModule, TreeCRFSyntheticDataModule
 from .denoising import DenoisingImages, denoising_images
 from .download import DownloadError, fetch_mulan, fill_cache_from, mulan_cache_dir, mulan_datasets
 from .grid import DenoisingDataModule, GridDataModule, GridDataset
 from .mulan import MULAN_URL, MulanData, arff_to_multilabel, load_mulan, load_mulan_splits, read_mulan_labels
-from .synthetic import CrankSynthetic, crank_potentials, crank_synthetic, pruefer_decode, random_tree, sparse_multilabel
+from .synthetic import CrankSynthetic, crank_potentials, crank_synthetic, random_tree, sparse_multilabel
 from .tree_crf_synthetic import TreeCRFSynthetic, random_attachment_tree, tree_crf_synthetic
 
 __all__ = [

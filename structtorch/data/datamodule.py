@@ -10,53 +10,20 @@ they call ``setup()`` on first access, which is idempotent and independent of ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from ..folds import kfold_indices, train_val_indices
+from ..graph import check_int
+from ..inputs import Standardizer
 from .download import fetch_mulan, mulan_datasets, mulan_files
 from .mulan import load_mulan_splits
 from .synthetic import crank_synthetic
 from .tree_crf_synthetic import tree_crf_synthetic
 
-__all__ = ["EpochShuffle", "MultilabelDataModule", "Shard", "Standardizer", "SyntheticDataModule",
-           "TreeCRFSyntheticDataModule", "indexed_dataset"]
-
-
-@dataclass
-class Standardizer:
-    """Per-feature affine standardisation ``(x - mean) / std`` fitted on training data only.
-
-    mean, std: [D]. Features constant on the training set (std < eps) get std = 1, so they map
-    to 0 instead of blowing up. Missing values (NaN) are ignored by ``fit`` and imputed with the
-    training mean by ``transform`` / ``impute`` (0 after standardisation).
-    """
-
-    mean: torch.Tensor
-    std: torch.Tensor
-
-    @classmethod
-    def fit(cls, x: torch.Tensor, eps: float = 1e-8) -> Standardizer:
-        """Statistics of x [N, D] (population std, NaN ignored)."""
-        if x.dim() != 2 or x.shape[0] == 0:
-            raise ValueError(f"Standardizer.fit needs x of shape [N >= 1, D], got {tuple(x.shape)}")
-        x = x.to(torch.float64)
-        mean = torch.nan_to_num(x.nanmean(0), nan=0.0)
-        var = torch.nan_to_num((x - mean).square().nanmean(0), nan=1.0)
-        std = var.sqrt()
-        std = torch.where(std < eps, torch.ones_like(std), std)
-        return cls(mean.float(), std.float())
-
-    def transform(self, x: torch.Tensor) -> torch.Tensor:
-        """Standardised x [N, D] (float32); NaN -> 0 (the training mean)."""
-        return torch.nan_to_num((x.float() - self.mean) / self.std, nan=0.0)
-
-    def impute(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, D] with NaN replaced by the training mean, otherwise unchanged."""
-        return torch.where(torch.isnan(x), self.mean.to(x.dtype), x)
+__all__ = ["EpochShuffle", "MultilabelDataModule", "Shard", "SyntheticDataModule", "TreeCRFSyntheticDataModule",
+           "indexed_dataset"]
 
 
 def indexed_dataset(x: torch.Tensor, y: torch.Tensor) -> TensorDataset:
@@ -162,14 +129,12 @@ class _TensorDataModule(EpochLoaders):
         super().__init__()
         if fold_pool not in ("train+test", "train"):
             raise ValueError(f"fold_pool must be 'train+test' or 'train', got {fold_pool!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_int(batch_size, "batch_size", 1)
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must lie in [0, 1), got {val_fraction}")
-        if num_folds is not None and (not isinstance(num_folds, int) or num_folds < 2):
-            raise ValueError(f"num_folds must be None or an int >= 2, got {num_folds!r}")
-        if num_folds is not None and not 0 <= fold < num_folds:
-            raise ValueError(f"fold must lie in [0, num_folds={num_folds}), got {fold!r}")
+        if num_folds is not None:
+            check_int(num_folds, "num_folds", 2, expected="None or an int >= 2")
+            check_int(fold, "fold", 0, num_folds - 1, f"an int in [0, num_folds={num_folds})")
         self.batch_size, self.val_fraction, self.seed = batch_size, val_fraction, seed
         self.num_folds, self.fold, self.fold_pool = num_folds, fold, fold_pool
         self.num_workers, self.standardize = num_workers, standardize
@@ -285,17 +250,17 @@ class SyntheticDataModule(_TensorDataModule):
     def __init__(self, num_train: int = 1000, num_test: int = 1000, num_labels: int = 10,
                  num_features: int = 4, batch_size: int = 64, val_fraction: float = 0.1, seed: int = 0,
                  num_folds: int | None = None, fold: int = 0, num_workers: int = 0, standardize: bool = False,
-                 pairwise_scale: float | None = None) -> None:
+                 pairwise_scale: float | None = None, pairwise_mean: float = 0.0) -> None:
         super().__init__(batch_size, val_fraction, seed, num_folds, fold, num_workers, standardize)
         self.save_hyperparameters()
         self.num_train, self.num_test = num_train, num_test
         self._num_labels_arg, self._num_features_arg = num_labels, num_features
-        self.pairwise_scale = pairwise_scale
+        self.pairwise_scale, self.pairwise_mean = pairwise_scale, pairwise_mean
         self.dataset = None
 
     def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[str], list[str]]:
         d = crank_synthetic(self.num_train, self.num_test, self._num_labels_arg, self._num_features_arg,
-                            seed=self.seed, pairwise_scale=self.pairwise_scale)
+                            seed=self.seed, pairwise_scale=self.pairwise_scale, pairwise_mean=self.pairwise_mean)
         self.dataset = d
         feats = [f"x{i}" for i in range(d.num_features)]
         return d.x_train, d.y_train, d.x_test, d.y_test, feats, [f"y{i}" for i in range(d.num_labels)]

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from scipy.ndimage import gaussian_filter
 
-from ..graph import Graph, check_int
+from ..graph import Graph, check_float, check_int
 
 __all__ = ["DenoisingImages", "denoising_images"]
 
@@ -43,8 +43,7 @@ def denoising_images(num_images: int, height: int = 100, width: int = 100, blur:
     """
     num_images = check_int(num_images, "num_images", 1)
     height, width = check_int(height, "height", 1), check_int(width, "width", 1)
-    if isinstance(blur, bool) or not isinstance(blur, (int, float)) or not blur > 0:
-        raise ValueError(f"blur must be a number > 0 (the Gaussian's std in pixels), got {blur!r}")
+    check_float(blur, "blur", 0.0, expected="a number > 0 (the Gaussian's std in pixels)")
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     graph = Graph.grid(height, width)
     noise = torch.rand(num_images, height, width, generator=gen, dtype=torch.float64).numpy()

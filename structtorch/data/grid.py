@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..folds import train_val_indices
+from ..graph import check_float, check_int
 from ..inputs import GridInputs
 from .datamodule import EpochLoaders
 from .denoising import DenoisingImages, denoising_images
@@ -51,8 +52,7 @@ class GridDataModule(EpochLoaders):
     def __init__(self, batch_size: int = 16, val_fraction: float = 0.0, seed: int = 0, num_workers: int = 0,
                  num_states: int = 2) -> None:
         super().__init__()
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_int(batch_size, "batch_size", 1)
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must lie in [0, 1), got {val_fraction}")
         self.batch_size, self.val_fraction, self.seed = batch_size, val_fraction, seed
@@ -120,11 +120,9 @@ class DenoisingDataModule(GridDataModule):
         self.save_hyperparameters()
         self.options = dict(height=height, width=width, blur=blur)
         self.num_train, self.num_test = num_train, num_test
-        if isinstance(blur, bool) or not isinstance(blur, (int, float)) or not blur > 0:
-            raise ValueError(f"data.blur must be a number > 0 (the Gaussian's std in pixels), got {blur!r}")
+        check_float(blur, "data.blur", 0.0, expected="a number > 0 (the Gaussian's std in pixels)")
         for name, v in (("num_train", num_train), ("num_test", num_test), ("height", height), ("width", width)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"data.{name} must be a positive int, got {v!r}")
+            check_int(v, f"data.{name}", 1)
 
     def _load(self) -> tuple[DenoisingImages, DenoisingImages]:
         gen = torch.Generator().manual_seed(self.seed)

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..folds import train_val_indices
+from ..graph import check_int
 from .arff import ArffAttribute, ArffData, load_arff
 from .download import fetch_mulan, mulan_datasets, mulan_files
 
@@ -153,9 +155,7 @@ def load_mulan_splits(name: str, root: str | os.PathLike | None = None, url: str
 def most_frequent_labels(y: np.ndarray, max_labels: int) -> list[int]:
     """Indices of the ``max_labels`` most frequent labels of y [N, L] (ties: lower index), ascending."""
     L = y.shape[1]
-    if isinstance(max_labels, bool) or not isinstance(max_labels, int) or not 1 <= max_labels <= L:
-        raise ValueError(f"max_labels must be None or an int in [1, {L}] (the dataset has {L} labels), "
-                         f"got {max_labels!r}")
+    check_int(max_labels, "max_labels", 1, L, f"None or an int in [1, {L}] (the dataset has {L} labels)")
     by_frequency = np.argsort(-y.sum(0), kind="stable")
     return sorted(int(j) for j in by_frequency[:max_labels])
 
@@ -227,13 +227,13 @@ def _xml_label_names(name: str, xml: str | None, label_attributes: int | None) -
 
 
 def _split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded split of range(n) into sorted train and test indices, at least one each (``train_val_indices``)."""
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}")
     if n < 2:
         raise ValueError(f"cannot split {n} example(s) into train and test")
-    n_test = min(n - 1, max(1, round(test_fraction * n)))
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy()
-    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+    train, test = train_val_indices(n, test_fraction, seed)
+    return train.numpy(), test.numpy()
 
 
 def _label_columns(data: ArffData, label_names: list[str] | None, label_attributes: int | None) -> list[int]:
@@ -249,9 +249,8 @@ def _label_columns(data: ArffData, label_names: list[str] | None, label_attribut
         wanted = set(label_names)
         return [j for j, n in enumerate(names) if n in wanted]
     L = label_attributes
-    if isinstance(L, bool) or not isinstance(L, int) or not 1 <= L < len(names):
-        raise ValueError(f"label_attributes must be an int in [1, {len(names) - 1}] (the file has {len(names)} "
-                         f"attributes), got {L!r}")
+    check_int(L, "label_attributes", 1, len(names) - 1,
+              f"an int in [1, {len(names) - 1}] (the file has {len(names)} attributes)")
     return list(range(len(names) - L, len(names)))
 
 

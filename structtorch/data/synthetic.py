@@ -1,7 +1,7 @@
 """Synthetic tree-structured multi-label data (Meshi, Eban, Elidan, Globerson, UAI 2013, Fig. 1).
 
 A uniformly random spanning tree T over the n labels is drawn (a random Pruefer sequence),
-then weights on T: unary ``w_i ~ N(0, I_D)`` and pairwise ``w_ij ~ N(0, s^2)``. Inputs are
+then weights on T: unary ``w_i ~ N(0, I_D)`` and pairwise ``w_ij ~ N(m, s^2)`` (m = 0 in the paper). Inputs are
 ``x ~ N(0, I_D)`` and the label vector is the exact MAP of the Finley-Joachims energy
 
     E(x, y) = sum_i y_i w_i^T x + sum_{(i,j) in T} w_ij y_i y_j,   y in {0, 1}^n,
@@ -14,18 +14,18 @@ prefix of a larger one (nested learning curves).
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..graph import Graph
+from ..graph import Graph, check_int
 from ..inference import tree_map
 from ..potentials import Potentials
+from ..structure import pruefer_decode
 
-__all__ = ["CrankSynthetic", "complete_index", "crank_potentials", "crank_synthetic", "pruefer_decode",
-           "random_tree", "sparse_multilabel"]
+__all__ = ["CrankSynthetic", "complete_index", "crank_potentials", "crank_synthetic", "random_tree",
+           "sparse_multilabel"]
 
 
 @dataclass(frozen=True)
@@ -77,21 +77,27 @@ class CrankSynthetic:
 
 
 def crank_synthetic(num_train: int, num_test: int, num_labels: int = 10, num_features: int = 4,
-                    seed: int = 0, pairwise_scale: float | None = None) -> CrankSynthetic:
+                    seed: int = 0, pairwise_scale: float | None = None, pairwise_mean: float = 0.0
+                    ) -> CrankSynthetic:
     """Draw a random tree model and label ``num_train`` + ``num_test`` Gaussian inputs by its MAP.
 
     pairwise_scale: standard deviation s of the edge weights; default ``sqrt(num_features)``,
     the standard deviation of a unary score ``w_i^T x``, so that edges matter as much as inputs.
+    pairwise_mean: mean m of the edge weights (default 0, the paper's). A strongly negative m with
+    ``pairwise_scale=0`` makes every tree edge an exclusion (two neighbours are never both 1): the labels
+    are a maximum-weight independent set of the tree, which no per-label linear classifier represents.
+    The same random draws for any m and s, so the tree, the unary weights and the inputs do not change.
     """
     for arg, v, lo in (("num_train", num_train, 0), ("num_test", num_test, 0), ("num_labels", num_labels, 1),
                        ("num_features", num_features, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{arg} must be an int >= {lo}, got {v!r}")
+        check_int(v, arg, lo)
     scale = float(np.sqrt(num_features)) if pairwise_scale is None else float(pairwise_scale)
+    if isinstance(pairwise_mean, bool) or not isinstance(pairwise_mean, (int, float)) or not np.isfinite(pairwise_mean):
+        raise ValueError(f"pairwise_mean must be a finite number, got {pairwise_mean!r}")
     model_rng, test_rng, train_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
     tree = random_tree(num_labels, model_rng)
     w_unary = torch.from_numpy(model_rng.standard_normal((num_labels, num_features)))
-    w_pair = torch.from_numpy(model_rng.standard_normal(num_labels - 1) * scale)
+    w_pair = torch.from_numpy(model_rng.standard_normal(num_labels - 1) * scale + float(pairwise_mean))
     x_test = torch.from_numpy(test_rng.standard_normal((num_test, num_features))).float()
     x_train = torch.from_numpy(train_rng.standard_normal((num_train, num_features))).float()
     y_train = _map_labels(x_train, w_unary, w_pair, tree)
@@ -116,30 +122,6 @@ def random_tree(n: int, rng: np.random.Generator | int | None = None) -> Graph:
     rng = np.random.default_rng(rng)
     seq = rng.integers(0, n, size=max(0, n - 2)) if n >= 2 else np.zeros(0, dtype=np.int64)
     return pruefer_decode(seq, n)
-
-
-def pruefer_decode(sequence: np.ndarray | list[int], n: int) -> Graph:
-    """The labelled tree on n nodes with Pruefer ``sequence`` (length n - 2); edges (i < j), sorted."""
-    seq = [int(s) for s in sequence]
-    if n < 1 or len(seq) != max(0, n - 2) or any(not 0 <= s < n for s in seq):
-        raise ValueError(f"a Pruefer sequence for n={n} has n-2 entries in [0, n), got {seq}")
-    if n == 1:
-        return Graph.empty(1)
-    degree = [1] * n
-    for s in seq:
-        degree[s] += 1
-    leaves = [v for v in range(n) if degree[v] == 1]
-    heapq.heapify(leaves)
-    edges = []
-    for s in seq:
-        leaf = heapq.heappop(leaves)
-        edges.append((min(leaf, s), max(leaf, s)))
-        degree[s] -= 1
-        if degree[s] == 1:
-            heapq.heappush(leaves, s)
-    a, b = heapq.heappop(leaves), heapq.heappop(leaves)
-    edges.append((min(a, b), max(a, b)))
-    return Graph(n, torch.tensor(sorted(edges), dtype=torch.long))
 
 
 def _map_labels(x: torch.Tensor, unary_weights: torch.Tensor, pairwise_weights: torch.Tensor,
@@ -172,8 +154,7 @@ def sparse_multilabel(num_examples: int, num_features: int = 1449, num_labels: i
     """
     for arg, v, lo in (("num_examples", num_examples, 1), ("num_features", num_features, 1),
                        ("num_labels", num_labels, 1), ("keywords", keywords, 3), ("background", background, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{arg} must be an int >= {lo}, got {v!r}")
+        check_int(v, arg, lo)
     gen = torch.Generator().manual_seed(seed)
     N, D, n = num_examples, num_features, num_labels
     label_p = torch.arange(1, n + 1, dtype=torch.float64) ** -1.3

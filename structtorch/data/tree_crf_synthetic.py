@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from ..graph import Graph
+from ..graph import Graph, check_int
 from ..inference import tree_logz, tree_sample
 from ..potentials import Potentials
 from .synthetic import complete_index
@@ -213,8 +213,7 @@ def _check_args(num_train: int, num_test: int, num_labels: int, structure: str, 
                 ) -> tuple[float, float, float, float]:
     """Validate ``tree_crf_synthetic``'s arguments; returns (s_YY, s_YX, s_XX, s_cross)."""
     for arg, v, lo in (("num_train", num_train, 1), ("num_test", num_test, 1), ("num_labels", num_labels, 2)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ValueError(f"{arg} must be an int >= {lo}, got {v!r}")
+        check_int(v, arg, lo)
     for arg, v, allowed in (("structure", structure, STRUCTURES), ("factors", factors, FACTORS),
                             ("joint", joint, JOINTS)):
         if v not in allowed:

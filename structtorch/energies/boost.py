@@ -22,7 +22,8 @@ import json
 import numpy as np
 import torch
 
-from .functions import LocalFunction, biased_logistic_loss, check_fit_args, lbfgs_fit
+from ..optim import minimize
+from .functions import LocalFunction, biased_logistic_loss, check_fit_args
 
 __all__ = ["BoostedTrees", "boost_available"]
 
@@ -137,7 +138,7 @@ class BoostedTrees(LocalFunction):
         C = margin.shape[1]
         v = torch.zeros(C, len(ids), dtype=margin.dtype, device=margin.device, requires_grad=True)
         state = torch.arange(C, device=margin.device)
-        lbfgs_fit([v], lambda: biased_logistic_loss(v[state, dense], margin, target), self.leaf_iters)
+        minimize([v], lambda: biased_logistic_loss(v[state, dense], margin, target), self.leaf_iters)
         v = self.shrinkage * v.detach().cpu()
         return [{int(ids[j]): float(v[c, j]) for j in dense[:, c].unique().tolist()} for c in range(C)]
 

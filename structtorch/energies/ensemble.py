@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from ..graph import Graph
+from ..graph import Graph, check_int
 from ..potentials import Potentials
 from .base import Energy
 from .linear import check_num_models, feature_gram
@@ -48,8 +48,7 @@ class TreeEnsembleEnergy(Energy):
         if not isinstance(trees, Graph) or not trees.is_ensemble:
             raise ValueError(f"trees must be an ensemble Graph with edges [T, n-1, 2], got {trees!r}")
         trees.require_spanning_trees("TreeEnsembleEnergy")
-        if isinstance(num_states, bool) or not isinstance(num_states, int) or num_states < 2:
-            raise ValueError(f"num_states must be an int >= 2, got {num_states!r}")
+        check_int(num_states, "num_states", 2)
         self.graph, self.num_states, self.num_models, self.normalize = trees, num_states, num_models, normalize
         lead = () if num_models is None else (num_models,)
         T, E = trees.num_graphs, trees.num_edges

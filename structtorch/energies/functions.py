@@ -5,41 +5,27 @@
 
 for rows m (every position of every example of one factor type), features phi [M, D], per-row biases
 b [M, C] and targets t [M]. Here: the base ``LocalFunction``, the helpers every class shares
-(``biased_logistic_loss``, ``lbfgs_fit``, ``check_fit_args``) and the classes zero, const, linear (L-BFGS);
+(``biased_logistic_loss``, ``check_fit_args``) and the classes zero, const, linear (L-BFGS: ``optim.minimize``);
 mlp is in ``energies/mlp.py`` (SGD), boost in ``energies/boost.py`` (gradient-boosted regression trees by
 xgboost, an optional extra), the registry of config names in ``energies/registry.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..graph import check_int
+from ..optim import minimize
+
 __all__ = ["ConstantFunction", "LinearFunction", "LocalFunction", "ZeroFunction", "biased_logistic_loss",
-           "check_fit_args", "lbfgs_fit"]
+           "check_fit_args"]
 
 
 def biased_logistic_loss(scores: torch.Tensor, bias: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean biased logistic loss (the negated objective of eq. 11): scores, bias [M, C], target [M] -> []."""
     return F.cross_entropy(scores + bias, target)
-
-
-def lbfgs_fit(params: list[torch.Tensor], loss: Callable[[], torch.Tensor], iters: int) -> None:
-    """Minimise ``loss()`` over ``params`` in place: ``iters`` full-batch L-BFGS iterations, strong Wolfe."""
-    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=iters, history_size=20, tolerance_grad=1e-9,
-                            tolerance_change=1e-12, line_search_fn="strong_wolfe")
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        value = loss()
-        value.backward()
-        return value
-
-    with torch.enable_grad():
-        opt.step(closure)
 
 
 def check_fit_args(fn: LocalFunction, x: torch.Tensor, bias: torch.Tensor, target: torch.Tensor) -> None:
@@ -86,18 +72,16 @@ class ZeroFunction(LocalFunction):
 
 
 class _LBFGSFunction(LocalFunction):
-    """A function whose parameters are fitted by full-batch L-BFGS (strong Wolfe), ``fit_iters`` iterations."""
+    """A function whose parameters are fitted by full-batch L-BFGS (``optim.minimize``), ``fit_iters`` iterations."""
 
     def __init__(self, in_features: int, out_features: int, fit_iters: int = 50) -> None:
         super().__init__(in_features, out_features)
-        if isinstance(fit_iters, bool) or not isinstance(fit_iters, int) or fit_iters < 1:
-            raise ValueError(f"fit_iters must be a positive int, got {fit_iters!r}")
-        self.fit_iters = fit_iters
+        self.fit_iters = check_int(fit_iters, "fit_iters", 1)
 
     def fit(self, x, bias, target, generator=None) -> float:
         check_fit_args(self, x, bias, target)
         x, bias = x.to(self.dtype), bias.to(self.dtype)
-        lbfgs_fit(list(self.parameters()), lambda: biased_logistic_loss(self(x), bias, target), self.fit_iters)
+        minimize(list(self.parameters()), lambda: biased_logistic_loss(self(x), bias, target), self.fit_iters)
         return self._loss(x, bias, target)
 
     @property

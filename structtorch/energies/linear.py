@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from ..graph import Graph
+from ..graph import Graph, check_int
 from ..potentials import Potentials
 from .base import Energy
 
@@ -27,9 +27,8 @@ def as_graph(graph: Graph | None, num_labels: int) -> Graph:
 
 def check_num_models(num_models: int | None) -> None:
     """ValueError unless ``num_models`` (the leading model dim M of a batched energy) is None or an int >= 1."""
-    if num_models is not None and (isinstance(num_models, bool) or not isinstance(num_models, int)
-                                   or num_models < 1):
-        raise ValueError(f"num_models must be None or a positive int, got {num_models!r}")
+    if num_models is not None:
+        check_int(num_models, "num_models", 1, expected="None or a positive int")
 
 
 class BatchedLinear(nn.Module):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..graph import check_float, check_int
 from .functions import LocalFunction, biased_logistic_loss, check_fit_args
 
 __all__ = ["MLPFunction"]
@@ -23,11 +24,8 @@ class MLPFunction(LocalFunction):
                  batch_size: int = 1000, seed: int = 0) -> None:
         super().__init__(in_features, out_features)
         for name, v in (("hidden", hidden), ("epochs", epochs), ("batch_size", batch_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"MLPFunction: {name} must be a positive int, got {v!r}")
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-            raise ValueError(f"MLPFunction: lr must be a number > 0, got {lr!r}")
-        self.lr, self.epochs, self.batch_size = float(lr), epochs, batch_size
+            check_int(v, f"MLPFunction: {name}", 1)
+        self.lr, self.epochs, self.batch_size = check_float(lr, "MLPFunction: lr", 0.0), epochs, batch_size
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.hidden = nn.Linear(in_features, hidden)

@@ -23,8 +23,10 @@ import math
 import torch
 
 from ..folds import fold_assignment
+from ..graph import check_int
+from ..inputs import Standardizer
+from ..optim import BatchedLBFGS, backtrack
 from ..progress import tick
-from ..solvers.lbfgs import BatchedLBFGS
 from ..solvers.proximal import BatchedFISTA
 
 __all__ = ["LAMBDA_GRID", "conditional_log_probs", "fit_logistic", "logistic_cv_log_probs", "select_inputs",
@@ -54,7 +56,8 @@ def conditional_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.
     if estimator == "table" or (estimator == "auto" and log_cells is not None
                                 and log_cells <= math.log(max_table_cells) + 1e-9):
         return table_log_probs(x, target, subsets, num_classes)
-    return logistic_cv_log_probs(_standardize(x), target, subsets, num_classes, lambdas, cv_folds, seed)[0]
+    xs = Standardizer.fit(x, dtype=torch.float64).transform(x)
+    return logistic_cv_log_probs(xs, target, subsets, num_classes, lambdas, cv_folds, seed)[0]
 
 
 def _log_table_cells(x: torch.Tensor, subsets: torch.Tensor) -> float | None:
@@ -79,11 +82,6 @@ def table_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.Tensor
         0, flat.reshape(-1), torch.ones(R * N, dtype=torch.float64, device=x.device)).view(R, cfg, C) + 1.0
     log_p = counts.log() - counts.sum(-1, keepdim=True).log()
     return log_p.gather(1, code[:, :, None].expand(R, N, C))
-
-
-def _standardize(x: torch.Tensor) -> torch.Tensor:
-    x = x.to(torch.float64)
-    return (x - x.mean(0)) / x.std(0, unbiased=False).clamp_min(1e-12)
 
 
 def _design(x: torch.Tensor, subsets: torch.Tensor) -> torch.Tensor:
@@ -128,14 +126,7 @@ def _fit_lbfgs(value, theta: torch.Tensor, tol: float = 1e-7, max_iter: int = 20
     shape = theta.shape
     flat = theta.reshape(-1, *shape[3:]).clone().requires_grad_()
     opt = BatchedLBFGS([flat], lambda: value(flat.view(shape))[0].reshape(-1), num_models=flat.shape[0])
-    g0 = opt.grad.norm(dim=1)
-    active = g0 > 0
-    for i in range(max_iter):
-        if not bool(active.any()):
-            break
-        tick(i, max_iter, "L-BFGS iterations")
-        stalled = opt.step(active)
-        active &= ~stalled & (opt.grad.norm(dim=1) > tol * g0)
+    opt.run(max_iter, tol * opt.grad.norm(dim=1))
     return flat.detach().view(shape)
 
 
@@ -158,14 +149,8 @@ def _fit_newton(value, theta: torch.Tensor, z: torch.Tensor, onehot: torch.Tenso
         active &= decrement > tol
         if not bool(active.any()):
             break
-        t = active.to(theta.dtype)
-        for _ in range(30):  # backtracking (Armijo) per model
-            f_new, logp_new = value(theta + t[..., None, None] * d)
-            ok = (f_new <= f - 1e-4 * t * 2 * decrement) | (t == 0)
-            if bool(ok.all()):
-                break
-            t = torch.where(ok, t, 0.5 * t)
-        t = torch.where(ok, t, 0.0)
+        t, (f_new, logp_new) = backtrack(lambda t: value(theta + t[..., None, None] * d), f, -2 * decrement,
+                                         active.to(theta.dtype))
         theta = theta + t[..., None, None] * d
         moved = t > 0
         f = torch.where(moved, f_new, f)
@@ -197,8 +182,7 @@ def logistic_cv_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.
     ``cv_folds``-fold cross-validation over ``lambdas`` (held-out log-likelihood), refit on all N; and the
     chosen penalty's index into ``lambdas`` [R]. Folds: ``fold_assignment(N, cv_folds, seed)``."""
     R, N = target.shape
-    if cv_folds < 2 or cv_folds > N:
-        raise ValueError(f"cv_folds must be in [2, N={N}], got {cv_folds}")
+    check_int(cv_folds, "cv_folds", 2, N, f"in [2, N={N}]")
     x = x.to(torch.float64)
     fold = fold_assignment(N, cv_folds, seed).to(x.device)
     held = torch.nn.functional.one_hot(fold, cv_folds).T.to(x.dtype)  # [k, N]
@@ -233,9 +217,8 @@ def select_inputs(x: torch.Tensor, y: torch.Tensor, num_inputs: int = 10, streng
     strength: the l1 weight as a fraction of the smallest weight that zeroes every coefficient; columns
     with equal (e.g. zero) weight are ranked by their gradient at zero (their correlation with y_i).
     """
-    if not 1 <= num_inputs:
-        raise ValueError(f"num_inputs must be >= 1, got {num_inputs}")
-    xs = _standardize(x)
+    check_int(num_inputs, "num_inputs", 1)
+    xs = Standardizer.fit(x, dtype=torch.float64).transform(x)
     N, D = xs.shape
     n, K = y.shape[1], max(int(y.max()) + 1, 2)
     onehot = torch.nn.functional.one_hot(y.T, K).to(xs.dtype)  # [n, N, K]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..graph import check_int
 from ..potentials import Potentials
 
 __all__ = ["all_assignments", "all_scores", "brute_force_map", "brute_force_logz", "brute_force_kbest",
@@ -66,8 +67,7 @@ def brute_force_kbest(pot: Potentials, k: int) -> tuple[torch.Tensor, torch.Tens
 
     Impossible assignments (score -inf) and slots beyond K**n are reported with score -inf.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
+    check_int(k, "k", 1, expected="a positive int")
     s, ys = all_scores(pot)
     A = s.shape[-1]
     top, idx = s.topk(min(k, A), -1)

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..graph import Graph, Step, contraction_steps, root_forest
+from ..graph import Graph, Step, check_int, choose_schedule, contraction_steps, root_forest
 from ..potentials import Potentials
 
 __all__ = ["EnsembleSearch", "cheapest_schedule", "tree_kbest", "ensemble_map", "ensemble_search", "ensemble_union"]
@@ -127,19 +127,14 @@ _STEP_COST = {"cpu": 7e-5, "cuda": 6e-4}
 _CANDIDATE_COST = {"cpu": 1.1e-8, "cuda": 5e-11}
 
 
-def _cost(sched: _KBestSchedule, B: int, K: int, k: int, device: torch.device) -> float:
-    P = len(_rank_pairs(k, "cpu")[0])
-    work = (sched.num_raked * (K * K + K) + sched.num_compressed * (K * K + K ** 3)) * P * B
-    kind = device.type if device.type in _STEP_COST else "cuda"
-    return len(sched.steps) * _STEP_COST[kind] + work * _CANDIDATE_COST[kind]
-
-
 def cheapest_schedule(graph: Graph, B: int, K: int, k: int, device: torch.device) -> _KBestSchedule:
     """Rake+compress (O(log n) steps, O(n K^3 k log k) work) or rake-only (O(height) steps, O(n K^2 k log k)
-    work), whichever the cost model prefers for this batch size, K and k; both are exact."""
-    contract, levels = (graph.cached(("kbest", c), device, lambda c=c: _build_kbest_schedule(graph, c))
-                        for c in (True, False))
-    return levels if _cost(levels, B, K, k, device) < _cost(contract, B, K, k, device) else contract
+    work), whichever the cost model prefers for this batch size, K and k (``graph.choose_schedule``); both are
+    exact."""
+    P = len(_rank_pairs(k, "cpu")[0])
+    return choose_schedule(
+        lambda compress: graph.cached(("kbest", compress), device, lambda: _build_kbest_schedule(graph, compress)),
+        (K * K + K) * P * B, (K * K + K ** 3) * P * B, _STEP_COST, _CANDIDATE_COST, device)
 
 
 # ---------------------------------------------------------------------- the k-best semiring program
@@ -289,8 +284,7 @@ def tree_kbest(pot: Potentials, k: int, exclude: torch.Tensor | None = None) -> 
     """
     if not isinstance(pot, Potentials):
         raise TypeError(f"tree_kbest expects a structtorch.Potentials, got {type(pot).__name__}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
+    check_int(k, "k", 1, expected="a positive int")
     pot.graph.require_forest("tree_kbest")
     g, batch = pot.graph, pot.batch_shape
     sched = cheapest_schedule(g, pot.batch_shape.numel(), pot.num_states, k + (exclude is not None), pot.device)
@@ -347,11 +341,9 @@ def ensemble_search(pot: Potentials, k: int, k_max: int | None = None, exclude: 
     if not isinstance(pot, Potentials) or not pot.graph.is_ensemble:
         raise ValueError("ensemble_map needs Potentials on an ensemble graph (edges [T, n-1, 2])")
     pot.graph.require_spanning_trees("ensemble_map")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
+    check_int(k, "k", 1, expected="a positive int")
     k_max = k if k_max is None else k_max
-    if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < k:
-        raise ValueError(f"k_max must be an int >= k={k}, got {k_max!r}")
+    check_int(k_max, "k_max", k, expected=f"an int >= k={k}")
     u, p = pot.expanded()
     batch, n = pot.batch_shape, pot.graph.num_nodes
     u = u.reshape(-1, *u.shape[-3:])

@@ -20,6 +20,7 @@ from scipy.sparse import coo_matrix, csr_matrix
 
 from ..graph import Graph
 from ..potentials import Potentials
+from .smoothed import MarginalValue
 
 __all__ = ["LPResult", "lp_map"]
 
@@ -82,20 +83,6 @@ def _solve_one(theta: np.ndarray, A: csr_matrix, b_eq: np.ndarray) -> tuple[floa
     return float(-res.fun), np.clip(res.x, 0.0, 1.0)
 
 
-class _LPValue(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, unary, pair, value, mu_u, mu_p):  # noqa: D102
-        ctx.save_for_backward(mu_u, mu_p, value)
-        return value.clone()
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):  # noqa: D102
-        mu_u, mu_p, value = ctx.saved_tensors
-        g = torch.where(torch.isfinite(value), grad, 0.0)
-        return mu_u * g[:, None, None], mu_p * g[:, None, None, None], None, None, None
-
-
 def lp_map(pot: Potentials) -> LPResult:
     """Exact LP relaxation over the local polytope, one HiGHS solve per example (CPU).
 
@@ -121,6 +108,6 @@ def lp_map(pot: Potentials) -> LPResult:
     like = dict(device=pot.device, dtype=pot.dtype)
     mu = torch.as_tensor(mus).to(**like)
     mu_u, mu_p = mu[:, : n * K].reshape(B, n, K), mu[:, n * K:].reshape(B, E, K, K)
-    value = _LPValue.apply(unary, pair, torch.as_tensor(values).to(**like), mu_u, mu_p)
+    value = MarginalValue.apply(unary, pair, torch.as_tensor(values).to(**like), mu_u, mu_p)
     return LPResult(value.reshape(batch), mu_u.reshape(*batch, n, K), mu_p.reshape(*batch, E, K, K),
                     mu_u.argmax(-1).reshape(*batch, n))

@@ -41,13 +41,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..graph import Graph
+from ..graph import Graph, check_float, check_int
 from ..potentials import Potentials
 from . import fused
 from .backends import fused_active
 from .tree import exp_serial, index_add_rows, log_ge1
 
-__all__ = ["SmoothedLPResult", "StarSchedule", "smoothed_lp", "star_schedule", "greedy_colouring"]
+__all__ = ["MarginalValue", "SmoothedLPResult", "StarSchedule", "smoothed_lp", "star_schedule", "greedy_colouring"]
 
 
 # ---------------------------------------------------------------------- schedule (once per graph)
@@ -346,9 +346,11 @@ def _stars(graph: Graph, sched: StarSchedule) -> tuple[torch.Tensor, torch.Tenso
     return order, ptr, torch.argsort(half_node, stable=True)
 
 
-class _DualValue(torch.autograd.Function):
-    """The dual value [B] at fixed messages as a function of the potentials unary [B, n, K], pair [B, E, K, K]:
-    d D / d theta = the pseudo-marginals (eq. 9), computed with the value by the caller."""
+class MarginalValue(torch.autograd.Function):
+    """A value [B] of the potentials unary [B, n, K], pair [B, E, K, K] whose gradient is given marginals mu_u
+    [B, n, K], mu_p [B, E, K, K] computed with it by the caller (Danskin): ``smoothed_lp``'s dual value at fixed
+    messages (its pseudo-marginals, eq. 9) and ``lp_map``'s optimum (the LP's solution). No gradient flows where
+    the value is not finite."""
 
     @staticmethod
     def forward(ctx, unary, pair, value, mu_u, mu_p):  # noqa: D102
@@ -375,9 +377,7 @@ def _check_eps(eps: float | torch.Tensor, pot: Potentials) -> float | torch.Tens
         if not bool((torch.isfinite(flat) & (flat > 0)).all()):
             raise ValueError("eps must be finite and > 0 everywhere")
         return flat.to(device=pot.device, dtype=pot.dtype)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
-        raise ValueError(f"eps must be a finite number > 0 (or a tensor of them), got {eps!r}")
-    return float(eps)
+    return check_float(eps, "eps", 0.0, finite=True, expected="a finite number > 0 (or a tensor of them)")
 
 
 def _check_args(pot: Potentials, iters: int, tol: float | None) -> None:
@@ -386,11 +386,9 @@ def _check_args(pot: Potentials, iters: int, tol: float | None) -> None:
     if pot.graph.is_ensemble:
         raise ValueError("smoothed_lp needs a single graph (edges [E, 2]), got an ensemble; "
                          "run each member graph separately")
-    if isinstance(iters, bool) or not isinstance(iters, (int, np.integer)) or iters < 0:
-        raise ValueError(f"iters must be an int >= 0, got {iters!r}")
-    if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float))
-                            or math.isnan(tol) or tol < 0):
-        raise ValueError(f"tol must be None or a number >= 0, got {tol!r}")
+    check_int(iters, "iters", 0)
+    if tol is not None:
+        check_float(tol, "tol", 0.0, strict=False, expected="None or a number >= 0")
 
 
 def _init_messages(pot: Potentials, messages: torch.Tensor | None, B: int) -> torch.Tensor:
@@ -450,7 +448,7 @@ def smoothed_lp(pot: Potentials, eps: float | torch.Tensor, iters: int, messages
             run = _solve(uT, pT, lamT, sched, int(iters), tol, guard=masks is not None)
             lam = _to_external(lamT, sched) * e3
             value, mu_u, mu_p = _dual_and_marginals(uT, pT, lamT, sched, eps)
-    value = _DualValue.apply(unary, pair, value, mu_u, mu_p)
+    value = MarginalValue.apply(unary, pair, value, mu_u, mu_p)
     y = mu_u.argmax(-1).reshape(*batch, n)
     return SmoothedLPResult(
         value=value.reshape(batch),

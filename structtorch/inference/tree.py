@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..graph import Schedule
+from ..graph import Schedule, check_int, choose_schedule
 from ..potentials import Potentials
 from . import fused
 from .backends import current_backend, fused_active
@@ -119,20 +119,11 @@ _STEP_COST = {"cpu": 4.5e-5, "cuda": 6e-5}
 _ELEMENT_COST = {"cpu": 6e-9, "cuda": 5e-12}
 
 
-def _cost(sched: Schedule, B: int, K: int, device: torch.device) -> float:
-    work = (sched.num_raked * K ** 2 + sched.num_compressed * K ** 3) * B
-    kind = device.type if device.type in _STEP_COST else "cuda"
-    return len(sched.steps) * _STEP_COST[kind] + work * _ELEMENT_COST[kind]
-
-
 def cheapest_schedule(graph, B: int, K: int, device: torch.device) -> Schedule:
     """Rake+compress (O(log n) steps, O(n K^3) work) or rake-only (O(height) steps, O(n K^2) work),
-    whichever the cost model prefers for this batch size and K; both are exact."""
-    contract = graph.schedule(device, compress=True)
-    if contract.num_compressed == 0:
-        return contract
-    levels = graph.schedule(device, compress=False)
-    return levels if _cost(levels, B, K, device) < _cost(contract, B, K, device) else contract
+    whichever the cost model prefers for this batch size and K (``graph.choose_schedule``); both are exact."""
+    return choose_schedule(lambda compress: graph.schedule(device, compress=compress), K ** 2 * B, K ** 3 * B,
+                           _STEP_COST, _ELEMENT_COST, device)
 
 
 def _edge_matrices(pair: torch.Tensor, sched: Schedule) -> torch.Tensor:
@@ -476,8 +467,7 @@ def tree_max_marginals(pot: Potentials) -> torch.Tensor:
 def tree_sample(pot: Potentials, num_samples: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """Exact samples y [num_samples, *B, n] ([num_samples, *B, T, n] for ensembles) from
     P(y) proportional to exp(score(y)), by backward sampling through the contraction."""
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    check_int(num_samples, "num_samples", 1, expected="a positive int")
     u, p, sched, batch = _flat(pot, "tree_sample")
     if batch.numel() == 0:  # an empty batch has empty samples
         return torch.zeros(num_samples, *_lead(batch, pot.graph), pot.graph.num_nodes, dtype=torch.long,

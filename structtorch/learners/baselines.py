@@ -8,7 +8,7 @@ import logging
 import torch
 
 from ..energies import FinleyJoachimsEnergy
-from ..graph import Graph
+from ..graph import Graph, check_int
 from ..inference import lp_map, smoothed_lp
 from ..potentials import Potentials
 from ..solvers import ForestSmoothedMax, LPSmoothedMax, Oracle, SmoothedLBFGS, SmoothedMax, smoothed_oracle
@@ -193,8 +193,7 @@ class Greedy(_StructureSearch):
     """
 
     def __init__(self, num_features: int, num_labels: int, search_iters: int = 50, **kwargs) -> None:
-        if isinstance(search_iters, bool) or not isinstance(search_iters, int) or search_iters < 1:
-            raise ValueError(f"Greedy: search_iters must be a positive int, got {search_iters!r}")
+        check_int(search_iters, "Greedy: search_iters", 1)
         super().__init__(num_features, num_labels, **kwargs)
         self.save_hyperparameters({"search_iters": search_iters})
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..energies import FinleyJoachimsEnergy
-from ..graph import Graph
+from ..graph import Graph, check_float, check_int
 from ..inference import tree_map
 from ..potentials import Potentials
 from ..strategies import CCCP
@@ -42,13 +42,11 @@ class CRANK(Full):
     def __init__(self, num_features: int, num_labels: int, beta: float = 1e-3, beta_growth: float = 2.0,
                  cccp_tol: float = 1e-3, inner_iters: int = 100, restarts: int = 10, init_scale: float = 0.1,
                  seed: int = 0, eps: float = 0.05, **kwargs) -> None:
-        for name, v, low in (("beta", beta, 0.0), ("beta_growth", beta_growth, 1.0), ("cccp_tol", cccp_tol, 0.0),
-                             ("init_scale", init_scale, -1e-300)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > low:
-                raise ValueError(f"CRANK: {name} must be a number > {max(low, 0):g}, got {v!r}")
+        for name, v, low in (("beta", beta, 0.0), ("beta_growth", beta_growth, 1.0), ("cccp_tol", cccp_tol, 0.0)):
+            check_float(v, f"CRANK: {name}", low)
+        check_float(init_scale, "CRANK: init_scale", 0.0, strict=False)
         for name, v in (("inner_iters", inner_iters), ("restarts", restarts)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"CRANK: {name} must be a positive int, got {v!r}")
+            check_int(v, f"CRANK: {name}", 1)
         super().__init__(num_features, num_labels, eps=eps, **kwargs)
         if self.num_models is not None:
             raise ValueError("CRANK: model.l2 must be one number (its restarts are the batched models)")

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..energies import FUNCTIONS, GridEnergy, make_function
-from ..graph import Graph
+from ..graph import Graph, check_float, check_int
 from ..inference import smoothed_lp
 from ..plots import grid_functions_figure, grid_predictions_figure, pixel_accuracy_figure
 from ..potentials import Potentials
@@ -81,11 +81,9 @@ class LogisticEnergy(StructuredLearner):
             raise ValueError(f"model.method=hinge trains by gradient steps: model.solver must be auto or one of "
                              f"{sorted(OPTIMIZERS)}, got {solver!r}")
         for name, v in (("eps", eps), *((("predict_eps", predict_eps),) if predict_eps is not None else ())):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ValueError(f"model.{name} must be a number > 0, got {v!r}")
+            check_float(v, f"model.{name}", 0.0)
         for name, v in (("passes", passes), ("predict_iters", predict_iters)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"model.{name} must be a positive int, got {v!r}")
+            check_int(v, f"model.{name}", 1)
         self._opts = dict(height=height, width=width, num_pair_features=num_pair_features, num_states=num_states,
                           unary=unary, pairwise=pairwise, eps=float(eps), fit_iters=fit_iters, hidden=hidden,
                           unary_lr=unary_lr, pairwise_lr=pairwise_lr, fit_epochs=fit_epochs, seed=seed)

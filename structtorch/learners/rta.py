@@ -29,7 +29,7 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from ..energies import LinearTableEnergy, TreeEnsembleEnergy
-from ..graph import Graph
+from ..graph import Graph, check_int
 from ..inference import ensemble_map, tree_max_marginals
 from ..losses import total_score
 from ..plots import heatmap_figure
@@ -53,22 +53,24 @@ class RTA(StructuredLearner):
         normalize: unit-norm joint features per tree (phi_hat of the paper).
         margin: "hamming" (the default: margin = Hamming distance) or "zero_one" (Def. 6: margin 1 against the
             worst violator).
-        l2: lambda above (a number, or a grid chosen by CV); with unit-norm features it is small (1e-4).
+        l2: lambda above (a number, or a grid chosen by CV); "auto" (default): ``auto_l2`` / N, small with
+            unit-norm features (1e-4 at N = 1000).
         bias_reg: the biases' regulariser relative to l2: 1, a constant input of the same norm as varphi(x)
             (much smaller values make BCFW's steps crawl along the bias).
         Other args as ``StructuredLearner``. The solver is BCFW (certified) by default; adam/sgd run the same
         hinge by gradient steps.
     """
 
+    #: model.l2=auto: lambda = 0.1 / N, the 1e-4 of rta_table1's protocol at N = 1000 (unit-norm features)
+    auto_l2 = 0.1
+
     def __init__(self, num_features: int, num_labels: int, num_trees: int = 10, k: int = 8,
                  k_max: int | None = None, seed: int = 0, normalize: bool = True, margin: str = "hamming",
-                 l2: float | list[float] = 1e-4, bias_reg: float = 1.0, **kwargs) -> None:
-        for name, v in (("num_trees", num_trees), ("k", k), ("num_labels", num_labels)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < (2 if name == "num_labels" else 1):
-                raise ValueError(f"RTA: {name} must be an int >= {2 if name == 'num_labels' else 1}, got {v!r}")
+                 l2: float | list[float] | str = "auto", bias_reg: float = 1.0, **kwargs) -> None:
+        for name, v, low in (("num_trees", num_trees, 1), ("k", k, 1), ("num_labels", num_labels, 2)):
+            check_int(v, f"RTA: {name}", low)
         k_max = max(k, min(2 * num_labels, 32)) if k_max is None else k_max
-        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < k:
-            raise ValueError(f"RTA: k_max must be an int >= k={k}, got {k_max!r}")
+        check_int(k_max, "RTA: k_max", k, expected=f"an int >= k={k}")
         self._trees = random_spanning_trees(num_labels, num_trees, torch.Generator().manual_seed(seed))
         super().__init__(num_features, num_labels, margin=margin, l2=l2, bias_reg=bias_reg, **kwargs)
         self.save_hyperparameters({"k_max": k_max})
@@ -166,8 +168,7 @@ class MAM(StructuredLearner):
     """
 
     def __init__(self, num_features: int, num_labels: int, num_trees: int = 10, seed: int = 0, **kwargs) -> None:
-        if isinstance(num_trees, bool) or not isinstance(num_trees, int) or num_trees < 1:
-            raise ValueError(f"MAM: num_trees must be a positive int, got {num_trees!r}")
+        check_int(num_trees, "MAM: num_trees", 1)
         self.trees = random_spanning_trees(num_labels, num_trees, torch.Generator().manual_seed(seed))
         super().__init__(num_features, num_labels, **kwargs)
         self._predict = self._average_max_marginals

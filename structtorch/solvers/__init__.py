@@ -1,9 +1,9 @@
-"""Convex solvers: BCFW and smoothed L-BFGS (certified) for structured SVMs, L-BFGS for smooth objectives,
-FISTA for l1-regularised ones."""
+"""Convex solvers: BCFW and smoothed L-BFGS (certified) for structured SVMs, FISTA for l1-regularised problems;
+``BatchedLBFGS`` (L-BFGS for smooth objectives) lives in the core module ``structtorch.optim``."""
 
+from ..optim import BatchedLBFGS
 from .bcfw import BCFW, EnsembleOracle, Oracle, StepInfo, one_hot_marginals, smoothed_oracle, tree_oracle
 from .certificate import CertificateError, GapInfo, certificate
-from .lbfgs import BatchedLBFGS
 from .proximal import BatchedFISTA
 from .smoothing import ForestSmoothedMax, LPSmoothedMax, SmoothedHinge, SmoothedLBFGS, SmoothedMax, tree_smoothed_max
 

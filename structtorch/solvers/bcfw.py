@@ -58,15 +58,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from ..energies import Energy
-from ..graph import Graph
+from ..graph import Graph, check_float, check_int, component_labels
 from ..inference import smoothed_lp, tree_kbest, tree_map
 from ..inference.kbest import ensemble_search
+from ..losses import hamming_margin
 from ..potentials import Potentials
 from .certificate import GapInfo, certificate
 
@@ -201,17 +199,14 @@ class BCFW:
             raise TypeError(f"energy must be a structtorch Energy, got {type(energy).__name__}")
         if margin not in self.MARGINS:
             raise ValueError(f"margin must be one of {self.MARGINS}, got {margin!r}")
-        if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
-            raise ValueError(f"num_examples must be a positive int, got {num_examples!r}")
-        for name, v in (("margin_scale", margin_scale), ("bias_reg", bias_reg), ("tol", tol)):
-            if not float(v) > 0:
-                raise ValueError(f"{name} must be > 0, got {v!r}")
+        num_examples = check_int(num_examples, "num_examples", 1)
+        margin_scale, bias_reg, tol = (check_float(v, name, 0.0) for name, v in
+                                       (("margin_scale", margin_scale), ("bias_reg", bias_reg), ("tol", tol)))
         if steps not in ("block", "batch"):
             raise ValueError(f"steps must be 'block' or 'batch', got {steps!r}")
         if steps == "block" and not hasattr(energy, "block_gram"):
             raise TypeError(f"steps='block' needs {type(energy).__name__}.block_gram; use steps='batch'")
-        if isinstance(sweeps, bool) or not isinstance(sweeps, int) or sweeps < 1:
-            raise ValueError(f"sweeps must be a positive int, got {sweeps!r}")
+        sweeps = check_int(sweeps, "sweeps", 1)
         if not isinstance(averaging, bool):
             raise ValueError(f"averaging must be a bool, got {averaging!r}")
         self.averaging = averaging
@@ -226,7 +221,10 @@ class BCFW:
         self.mask = check_mask(mask, M, num_examples, ref.device)
         self.count = self.mask.sum(1).to(ref.dtype)  # N_m
         self.scale = 1.0 / (self.lam * self.count)  # s_m = 1 / (lambda_m N_m)
-        self.num_comp, self.node_comp = _components(energy.graph, ref.device)
+        g = energy.graph  # ensembles: the components of the union of the trees' edges
+        self.node_comp = torch.as_tensor(component_labels(g.num_nodes, g.edges.reshape(-1, 2).numpy()),
+                                         dtype=torch.long, device=ref.device)
+        self.num_comp = int(self.node_comp.max()) + 1
         if margin == "zero_one":  # the 0/1 loss couples the components: one block per example
             self.num_comp, self.node_comp = 1, torch.zeros_like(self.node_comp)
         self.edge_comp = self.node_comp[energy.graph.edges.reshape(-1, 2)[:, 0].to(ref.device)]
@@ -409,7 +407,7 @@ class BCFW:
         m_u, m_p = one_hot_marginals(y, self.energy.graph, K, U.dtype)
         score = (U * m_u).sum((-1, -2)) + (P * m_p).sum((-1, -2, -3))  # [M, B]
         if self.margin == "hamming":
-            delta = self.margin_scale * (1.0 - m_u)
+            delta = hamming_margin(y, K, self.margin_scale, U.dtype)
             value, mh_u, mh_p = self.oracle(self._potentials(U + delta, P))
             value = torch.maximum(value, score)  # y_i itself is an assignment (Delta = 0): the max is >= its score
             loss = self._per_component((delta * mh_u).sum(-1), P.new_zeros(()).expand(*score.shape, P.shape[-3]))
@@ -610,14 +608,6 @@ def _gauss_seidel(A: torch.Tensor, g: torch.Tensor, ok: torch.Tensor, sweeps: in
             r += cols[i] * (new - old).unsqueeze(-1)
             gam[i] = new
     return gam.permute(1, 2, 0)
-
-
-def _components(graph: Graph, device: torch.device) -> tuple[int, torch.Tensor]:
-    """Number of connected components C and the component of each node [n]."""
-    e = graph.edges.reshape(-1, 2).numpy()
-    adj = coo_matrix((np.ones(len(e)), (e[:, 0], e[:, 1])), shape=(graph.num_nodes, graph.num_nodes))
-    C, labels = connected_components(adj, directed=False)
-    return int(C), torch.as_tensor(labels, dtype=torch.long, device=device)
 
 
 def check_lam(lam: float | torch.Tensor, M: int, ref: torch.Tensor) -> torch.Tensor:

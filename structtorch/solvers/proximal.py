@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from ..optim import ModelSlices
 from ..progress import tick
-from .lbfgs import ModelSlices
 
 __all__ = ["BatchedFISTA"]
 

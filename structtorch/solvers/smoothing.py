@@ -33,15 +33,16 @@ from collections.abc import Callable
 import torch
 
 from ..energies import Energy
-from ..graph import Graph
+from ..graph import Graph, check_float
 from ..inference import smoothed_lp, tree_logz, tree_map
+from ..losses import hamming_margin
+from ..optim import BatchedLBFGS
 from ..potentials import Potentials
 from ..progress import tick
 from ..structure.circuit_rank import circuit_rank
 from ..structure.spanning import max_spanning_tree
 from .bcfw import check_lam, check_mask, lift_models, one_hot_marginals
 from .certificate import GapInfo, certificate
-from .lbfgs import BatchedLBFGS
 
 __all__ = ["ForestSmoothedMax", "LPSmoothedMax", "SmoothedHinge", "SmoothedLBFGS", "SmoothedMax",
            "tree_smoothed_max"]
@@ -194,13 +195,11 @@ class SmoothedHinge:
         if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0] or x.shape[0] < 1:
             raise ValueError(f"x [N, D] and y [N, n] must have the same N >= 1 rows, got {tuple(x.shape)} and "
                              f"{tuple(y.shape)}")
-        for name, v in (("bias_reg", bias_reg), ("tol", tol)):
-            if not float(v) > 0:
-                raise ValueError(f"{name} must be > 0, got {v!r}")
-        if eps is not None and not float(eps) > 0:
-            raise ValueError(f"eps must be None or > 0, got {eps!r}")
-        if not float(margin_scale) >= 0 or (eps is None and not float(margin_scale) > 0):
-            raise ValueError(f"margin_scale must be > 0 (>= 0 with a fixed eps), got {margin_scale!r}")
+        bias_reg, tol = check_float(bias_reg, "bias_reg", 0.0), check_float(tol, "tol", 0.0)
+        if eps is not None:
+            eps = check_float(eps, "eps", 0.0, expected="None or a number > 0")
+        margin_scale = check_float(margin_scale, "margin_scale", 0.0, strict=eps is None,
+                                   expected="a number > 0 (>= 0 with a fixed eps)")
         self.target = energy
         if next(energy.parameters()).dtype != dtype:
             energy = copy.deepcopy(energy).to(dtype)
@@ -220,7 +219,7 @@ class SmoothedHinge:
         self.y = pot.check_labels(y)
         K = pot.num_states
         self.m_u, self.m_p = one_hot_marginals(self.y, energy.graph, K, ref.dtype)  # [N, n, K], [N, E, K, K]
-        self.delta = margin_scale * (1.0 - self.m_u)
+        self.delta = hamming_margin(self.y, K, margin_scale, ref.dtype)
         self.fixed_eps = eps is not None
         self.eps = torch.full_like(self.lam, float(eps) if self.fixed_eps else float(margin_scale))  # [M]
         self.last: GapInfo | None = None

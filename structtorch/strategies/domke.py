@@ -20,10 +20,9 @@ import time
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
 from ..inputs import GridInputs
-from ..losses import smoothed_lp_hinge
+from ..losses import hamming_margin, smoothed_lp_hinge
 from .base import Strategy
 
 __all__ = ["Algorithm1"]
@@ -68,7 +67,7 @@ class Algorithm1(Strategy):
         """
         hp, energy = self.learner.hparams, self.learner.energy
         K, edges = energy.num_states, energy.graph.edges.to(messages.device)
-        delta = hp.margin_scale * (1.0 - F.one_hot(y, K).to(messages.dtype))  # Delta(y^k, y_i), eq. (5)
+        delta = hamming_margin(y, K, hp.margin_scale, messages.dtype)  # Delta(y^k, y_i), eq. (5)
         b_u = delta.index_add(1, edges.reshape(-1), messages.flatten(1, 2))  # Delta + sum_e m_{e->i}, eq. (14)
         b_p = -(messages[:, :, 0, :, None] + messages[:, :, 1, None, :])  # Delta_e = 0, eq. (14)
         return b_u / hp.eps, b_p.flatten(-2) / hp.eps

@@ -4,7 +4,7 @@ The regression-based edge scores of tree-CRF structure learning are in ``structt
 
 from .circuit_rank import cccp_linearization, circuit_rank, circuit_rank_penalty
 from .edge_scores import chow_liu_tree, label_mutual_information
-from .spanning import max_spanning_tree, random_spanning_trees, spanning_forest, uniform_spanning_tree
+from .spanning import max_spanning_tree, pruefer_decode, random_spanning_trees, spanning_forest, uniform_spanning_tree
 
 __all__ = [
     "cccp_linearization",
@@ -13,6 +13,7 @@ __all__ = [
     "circuit_rank_penalty",
     "label_mutual_information",
     "max_spanning_tree",
+    "pruefer_decode",
     "random_spanning_trees",
     "spanning_forest",
     "uniform_spanning_tree",

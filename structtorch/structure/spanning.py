@@ -28,10 +28,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..graph import Graph
+from ..graph import Graph, check_int
 
-__all__ = ["check_edge_tensor", "edge_keys", "edges_on", "endpoints", "max_spanning_tree", "random_spanning_trees",
-           "spanning_forest", "uniform_spanning_tree"]
+__all__ = ["check_edge_tensor", "edge_keys", "edges_on", "endpoints", "max_spanning_tree", "pruefer_decode",
+           "random_spanning_trees", "spanning_forest", "uniform_spanning_tree"]
 
 _LOW32 = (1 << 32) - 1
 _PREFIX_FACTOR = 4  # the filter prefix holds ~_PREFIX_FACTOR * n edges per graph
@@ -244,34 +244,41 @@ def max_spanning_tree(weights: torch.Tensor, g: Graph) -> torch.Tensor:
     return _max_forest_flat(w.reshape(-1, E), ends, g.num_nodes).reshape(shape)
 
 
-def _check_n(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise TypeError(f"n (number of nodes) must be an int, got {type(n).__name__}")
-    if n < 1:
-        raise ValueError(f"n (number of nodes) must be >= 1, got {n}")
-    return int(n)
-
-
 def random_spanning_trees(n: int, T: int, generator: torch.Generator | None = None) -> Graph:
     """T independent uniform random labelled spanning trees of the complete graph on n nodes.
 
-    Draws T Pruefer sequences uniformly from {0..n-1}^(n-2) and decodes them (a bijection onto
-    the n**(n-2) labelled trees, so each tree is uniform). The decoding loops over the n - 2
-    positions with torch ops over all T trees at once: at each step the smallest current
-    leaf of every tree is joined to the sequence entry.
+    Draws T Pruefer sequences uniformly from {0..n-1}^(n-2) and decodes them (``pruefer_decode``: a
+    bijection onto the n**(n-2) labelled trees, so each tree is uniform).
     Returns a Graph with edges [T, n - 1, 2]; each edge is (i, j) with i < j, edges sorted.
     ``generator`` may live on any device; the sampling runs there, the Graph lives on CPU.
     """
-    n = _check_n(n)
-    if isinstance(T, bool) or not isinstance(T, (int, np.integer)):
-        raise TypeError(f"T (number of trees) must be an int, got {type(T).__name__}")
-    if T < 1:
-        raise ValueError(f"T (number of trees) must be >= 1, got {T}")
-    T = int(T)
+    n, T = check_int(n, "n (number of nodes)", 1), check_int(T, "T (number of trees)", 1)
     device = generator.device if generator is not None else torch.device("cpu")
-    if n == 1:
-        return Graph(1, torch.zeros(T, 0, 2, dtype=torch.long))
     seq = torch.randint(0, n, (T, max(n - 2, 0)), generator=generator, device=device)
+    return Graph(n, _decode(seq, n).cpu())
+
+
+def pruefer_decode(sequence: torch.Tensor | np.ndarray | list, n: int) -> Graph:
+    """The labelled tree on n nodes with Pruefer ``sequence`` [n - 2] (entries in [0, n)), or the T trees of
+    sequences [T, n - 2]: a Graph with edges [n - 1, 2] (resp. [T, n - 1, 2]), each edge (i, j) with i < j,
+    edges sorted."""
+    n = check_int(n, "n (number of nodes)", 1)
+    seq = torch.as_tensor(np.asarray(sequence, dtype=np.int64) if not isinstance(sequence, torch.Tensor)
+                          else sequence)
+    if seq.dim() not in (1, 2) or seq.shape[-1] != max(0, n - 2) or (seq.numel() and not (
+            0 <= int(seq.min()) and int(seq.max()) < n)):
+        raise ValueError(f"a Pruefer sequence for n={n} has n-2 entries in [0, n), got {seq.tolist()}")
+    edges = _decode(seq.long() if seq.dim() == 2 else seq.long()[None], n).cpu()
+    return Graph(n, edges if seq.dim() == 2 else edges[0])
+
+
+def _decode(seq: torch.Tensor, n: int) -> torch.Tensor:
+    """The edges [T, n - 1, 2] (i < j, sorted) of the trees of Pruefer sequences seq [T, n - 2], on seq's device:
+    the decoding loops over the n - 2 positions with torch ops over all T trees at once, joining the smallest
+    current leaf of every tree to the sequence entry."""
+    T, device = seq.shape[0], seq.device
+    if n == 1:
+        return torch.zeros(T, 0, 2, dtype=torch.long, device=device)
     rows = torch.arange(T, device=device)
     degree = torch.ones(T, n, dtype=torch.long, device=device)
     degree.scatter_add_(1, seq, torch.ones_like(seq))
@@ -286,8 +293,7 @@ def random_spanning_trees(n: int, T: int, generator: torch.Generator | None = No
     edges[:, n - 2] = last
     edges = torch.sort(edges, dim=-1).values
     order = torch.sort(edges[..., 0] * n + edges[..., 1], dim=-1).indices
-    edges = torch.gather(edges, 1, order[..., None].expand(-1, -1, 2))
-    return Graph(n, edges.cpu())
+    return torch.gather(edges, 1, order[..., None].expand(-1, -1, 2))
 
 
 def uniform_spanning_tree(n: int, generator: torch.Generator | None = None) -> Graph:

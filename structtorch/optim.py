@@ -1,5 +1,7 @@
-"""Full-batch L-BFGS for smooth convex objectives (e.g. CRF NLL + l2): ``BatchedLBFGS`` (M separable
-problems, per-model memory and line search)."""
+"""Full-batch L-BFGS for smooth objectives (core: torch only), the package's one L-BFGS: ``BatchedLBFGS`` (M
+separable problems, per-model memory and line search; the CRF and smoothed-hinge solvers, the conditionals of
+tree-CRF structure learning, and through ``minimize`` the local functions of grid energies) and its per-model
+backtracking line search ``backtrack`` (also Newton's, in ``estimation.conditionals``)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,26 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["BatchedLBFGS"]
+from .graph import check_int
+from .progress import tick
+
+__all__ = ["BatchedLBFGS", "ModelSlices", "backtrack", "minimize"]
+
+
+def backtrack(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], f0: torch.Tensor, slope: torch.Tensor,
+              t: torch.Tensor, max_backtracks: int = 30) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Backtracking (Armijo) line search of many models at once: each model halves its step t [*M] until
+    f(t) <= f0 + 1e-4 t slope (f0, slope: the value and directional derivative at t = 0 [*M]; a zero step
+    always passes), and gets t = 0 if ``max_backtracks`` tries find no such step. ``evaluate(t)`` returns
+    (f [*M], anything else) at steps t [*M]. Returns the steps and ``evaluate`` at them."""
+    for _ in range(max_backtracks):
+        out = evaluate(t)
+        ok = (out[0] <= f0 + 1e-4 * t * slope) | (t == 0)
+        if bool(ok.all()):
+            return t, out
+        t = torch.where(ok, t, 0.5 * t)
+    t = torch.where(ok, t, 0.0)
+    return t, evaluate(t)
 
 
 class ModelSlices:
@@ -59,9 +80,8 @@ class BatchedLBFGS:
         if num_models is not None and any(p.dim() == 0 or p.shape[0] != num_models for p in params):
             raise ValueError(f"with num_models={num_models} every parameter needs a leading [M={num_models}] dim, "
                              f"got shapes {[tuple(p.shape) for p in params]}")
-        if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
-            raise ValueError(f"history_size must be a positive int, got {history_size!r}")
-        self.params, self.objective, self.history_size = params, objective, history_size
+        self.params, self.objective = params, objective
+        self.history_size = check_int(history_size, "history_size", 1)
         self.M = 1 if num_models is None else num_models
         self.slices = ModelSlices(params, num_models)
         ref = params[0]
@@ -112,17 +132,12 @@ class BatchedLBFGS:
         slope = torch.where(uphill, -(g * g).sum(1), slope)
         t = torch.where(self.fresh | uphill, (1.0 / g.abs().sum(1).clamp_min(1e-300)).clamp(max=1.0), 1.0)
         t = torch.where(active & (slope < 0), t, 0.0)
-        for _ in range(max_backtracks):
+
+        def at(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             self.slices.set(X0 + t[:, None] * d)
-            f, G = self._evaluate()
-            ok = (f <= f0 + 1e-4 * t * slope) | (t == 0)
-            if bool(ok.all()):
-                break
-            t = torch.where(ok, t, 0.5 * t)
-        else:
-            t = torch.where(ok, t, 0.0)
-            self.slices.set(X0 + t[:, None] * d)
-            f, G = self._evaluate()
+            return self._evaluate()
+
+        t, (f, G) = backtrack(at, f0, slope, t, max_backtracks)
         s, y = t[:, None] * d, G - g
         sy, yy = (s * y).sum(1), (y * y).sum(1)
         valid = (t > 0) & (sy > 1e-10 * yy)
@@ -135,3 +150,26 @@ class BatchedLBFGS:
         self.fresh &= ~valid
         self.value, self.grad = f, G
         return active & (t == 0)
+
+    def run(self, max_iter: int, gtol: float | torch.Tensor = 0.0, ftol: float | None = None) -> torch.Tensor:
+        """Step every model until its gradient norm is <= ``gtol`` (a float or [M]), its line search stalls, its
+        value changes by less than ``ftol`` in an iteration (None: no such rule), or ``max_iter`` iterations.
+        Returns bool [M]: the models whose gradient norm is <= gtol."""
+        active = self.grad.norm(dim=1) > gtol
+        for i in range(max_iter):
+            if not bool(active.any()):
+                break
+            tick(i, max_iter, "L-BFGS iterations")
+            before = self.value
+            active &= ~self.step(active) & (self.grad.norm(dim=1) > gtol)
+            if ftol is not None:
+                active &= (before - self.value).abs() >= ftol
+        return self.grad.norm(dim=1) <= gtol
+
+
+def minimize(params: list[torch.Tensor], loss: Callable[[], torch.Tensor], iters: int, gtol: float = 1e-9,
+             ftol: float = 1e-12) -> None:
+    """Minimise the scalar ``loss()`` over ``params`` (leaf tensors) in place: at most ``iters`` full-batch
+    ``BatchedLBFGS`` iterations, fewer when the gradient norm reaches ``gtol``, the loss changes by less than
+    ``ftol`` in an iteration (e.g. at float32's rounding) or the line search stalls."""
+    BatchedLBFGS(params, loss).run(iters, gtol, ftol)
