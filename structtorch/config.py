@@ -1,21 +1,25 @@
-"""Structured (dataclass) configs for Hydra: a typo in a key fails with Hydra's error.
+"""Structured (dataclass) configs for Hydra: a typo in a key, or a value of the wrong type, fails before training.
 
-Each YAML file under ``conf/`` extends one of the schemas registered here (``defaults: [<schema>]``).
+Each YAML file under ``conf/`` extends one of the schemas registered here (``defaults: [/<schema>@_here_]``).
+``describe_config_error`` turns Hydra's composition errors into the one line the CLI prints.
 """
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from hydra.errors import MissingConfigException, OverrideParseException
+from omegaconf import MISSING, DictConfig
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from .data.download import mulan_datasets
 
 __all__ = ["Config", "DenoisingDataConfig", "ModelConfig", "FixedTreeConfig", "FullConfig", "LogisticConfig",
            "MAMConfig", "MulanDataConfig", "RTAConfig", "SyntheticDataConfig", "TrainerConfig", "TreeCRFConfig",
-           "TreeCRFSyntheticDataConfig", "register_configs"]
+           "TreeCRFSyntheticDataConfig", "SCHEMAS", "describe_config_error", "register_configs"]
 
 
 @dataclass
@@ -264,23 +268,53 @@ class Config:
     fused: bool = False  # tree ops and smoothed LP of CPU tensors by the fused C++ kernels, for this run
 
 
+#: the schemas the YAML files of ``conf/`` extend (``defaults: [/<name>@_here_]``), stored at the root of the
+#: config store so that they are no options of a group (``--help``, "could not find" lists)
+SCHEMAS: dict[str, type] = {
+    "config_schema": Config, "model_schema": ModelConfig, "m3n_schema": M3NConfig,
+    "fixed_tree_schema": FixedTreeConfig, "greedy_schema": GreedyConfig, "full_schema": FullConfig,
+    "crank_schema": CRANKConfig, "tree_crf_schema": TreeCRFConfig, "rta_schema": RTAConfig, "mam_schema": MAMConfig,
+    "logistic_schema": LogisticConfig, "mulan_schema": MulanDataConfig, "synthetic_schema": SyntheticDataConfig,
+    "tree_crf_synthetic_schema": TreeCRFSyntheticDataConfig, "denoising_schema": DenoisingDataConfig,
+    "trainer_schema": TrainerConfig,
+}
+
+
 def register_configs() -> None:
+    """Store the schemas (``SCHEMAS``) and one ``data=<name>`` option per Mulan catalog dataset."""
     cs = ConfigStore.instance()
-    cs.store(name="config_schema", node=Config)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="model", name="m3n_schema", node=M3NConfig)
-    cs.store(group="model", name="fixed_tree_schema", node=FixedTreeConfig)
-    cs.store(group="model", name="greedy_schema", node=GreedyConfig)
-    cs.store(group="model", name="full_schema", node=FullConfig)
-    cs.store(group="model", name="crank_schema", node=CRANKConfig)
-    cs.store(group="model", name="tree_crf_schema", node=TreeCRFConfig)
-    cs.store(group="model", name="rta_schema", node=RTAConfig)
-    cs.store(group="model", name="mam_schema", node=MAMConfig)
-    cs.store(group="model", name="logistic_schema", node=LogisticConfig)
-    cs.store(group="data", name="mulan_schema", node=MulanDataConfig)
-    cs.store(group="data", name="synthetic_schema", node=SyntheticDataConfig)
-    cs.store(group="data", name="tree_crf_synthetic_schema", node=TreeCRFSyntheticDataConfig)
-    cs.store(group="data", name="denoising_schema", node=DenoisingDataConfig)
+    for name, schema in SCHEMAS.items():
+        cs.store(name=name, node=schema)
     for name in mulan_datasets():  # data=<name> for every dataset of the Mulan catalog
         cs.store(group="data", name=name, node=MulanDataConfig(name=name))
-    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+
+
+def describe_config_error(err: Exception) -> str:
+    """One line for a Hydra composition error: an unknown option (with the closest one and the choices) or key
+    (with the closest valid key), a value of the wrong type with its key, an override that does not parse; any
+    other error's message (and its cause's) on one line."""
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
+        group, _, option = err.missing_cfg_file.rpartition("/")
+        return f"unknown {group} {option!r}{_closest(option, err.options)} (choices: {', '.join(err.options)})"
+    if isinstance(err, OverrideParseException):
+        return f"cannot parse the override {err.override!r}: {_first_line(err.message)}"
+    cause = err.__cause__
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and isinstance(cause.parent_node, DictConfig):
+        keys = [str(k) for k in cause.parent_node.keys()]
+        within = cause.full_key.rpartition(".")[0]
+        close = _closest(str(cause.key), keys, f"{within}." if within else "")
+        return f"unknown key {cause.full_key!r}" + (close or f" (valid keys{' of ' + within if within else ''}: "
+                                                              f"{', '.join(keys)})")
+    if isinstance(cause, ValidationError) and cause.full_key:
+        return f"bad value for {cause.full_key}: {_first_line(str(cause))}"
+    return "; ".join(" ".join(str(e).split()) for e in (err, cause) if e is not None and str(e).strip())
+
+
+def _closest(given: str, valid: list[str], prefix: str = "") -> str:
+    """``; did you mean '<prefix><closest>'?``, or "" when no valid name is close to ``given``."""
+    close = difflib.get_close_matches(given, list(valid), n=1, cutoff=0.6)
+    return f"; did you mean {prefix + close[0]!r}?" if close else ""
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0]

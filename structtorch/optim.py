@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 
 from .graph import check_int
+from .progress import tick
 
 __all__ = ["BatchedLBFGS", "ModelSlices", "backtrack", "minimize"]
 
@@ -155,9 +156,10 @@ class BatchedLBFGS:
         value changes by less than ``ftol`` in an iteration (None: no such rule), or ``max_iter`` iterations.
         Returns bool [M]: the models whose gradient norm is <= gtol."""
         active = self.grad.norm(dim=1) > gtol
-        for _ in range(max_iter):
+        for i in range(max_iter):
             if not bool(active.any()):
                 break
+            tick(i, max_iter, "L-BFGS iterations")
             before = self.value
             active &= ~self.step(active) & (self.grad.norm(dim=1) > gtol)
             if ftol is not None:

@@ -3,21 +3,25 @@
 Trains a learner, tests it, and writes into the Hydra run directory: ``metrics.json`` (test metrics in
 [0, 1], the last validation metrics, train / test seconds, the learned structure by label name, per-label
 test metrics), ``structure.png`` / ``per_label.png``, checkpoints (``checkpoints/last.ckpt``), TensorBoard
-logs (one run per model/data) and ``train.log``. Resume with ``ckpt_path=<file>``, ``ckpt_path=last`` (the
-newest ``last.ckpt`` under the output folder) or ``resume=<run dir>``.
+logs (one run per model/data) and ``train.log``. Resume with ``ckpt_path=<file>``, ``ckpt_path=last`` (the one
+earlier run of the same configuration, wherever it was started: ``structtorch.runs``) or ``resume=<run dir>``.
 
-User errors (missing data, bad config values, a file that is not a checkpoint of this model) end with
-one line on stderr and exit code 2; in a ``-m`` sweep a failed job is recorded and the sweep goes on
-(see ``structtorch.sweep``).
+User errors (missing data, bad config values, a typo in an option or key, a trainer this machine cannot run, a
+file that is not a checkpoint of this model) end with one line (``error: ...``) and exit code 2; in a ``-m`` sweep
+a failed job is recorded and the sweep goes on (see ``structtorch.sweep``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import shlex
 import sys
 import time
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +29,20 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException, OverrideParseException
 from hydra.types import RunMode
+from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 
-from .config import register_configs
+from .config import describe_config_error, register_configs
 from .data import DenoisingDataModule, MultilabelDataModule, SyntheticDataModule, TreeCRFSyntheticDataModule
 from .data.download import DownloadError
 from .inference import backend
 from .learners import LEARNERS, StructuredLearner
 from .plots import close_figure
+from .runs import find_last_checkpoint, record_run
 
 register_configs()
 log = logging.getLogger("structtorch.train")
@@ -106,7 +114,7 @@ def _prepare(cfg: DictConfig, out: Path) -> tuple[L.LightningDataModule, Structu
     try:
         dm = build_datamodule(cfg.data, world_size(cfg.trainer))
         model = build_learner(cfg.model, dm)
-        ckpt = resolve_checkpoint(cfg.ckpt_path, cfg.resume, out, _run_key(cfg))
+        ckpt = resolve_checkpoint(cfg, out)
         if ckpt is not None:
             check_checkpoint(ckpt, model)
     except (ValueError, TypeError, FileNotFoundError, DownloadError) as err:
@@ -119,11 +127,11 @@ def _run_key(cfg: DictConfig) -> tuple[str, str]:
     return str(cfg.model.name), str(cfg.data.get("name") or cfg.data.kind)
 
 
-def resolve_checkpoint(ckpt_path: str | None, resume: str | None, out: Path,
-                       key: tuple[str, str] | None = None) -> str | None:
-    """The checkpoint file to resume from: ``resume=<run dir>`` -> its checkpoints/last.ckpt;
-    ``ckpt_path=last`` -> the newest last.ckpt of earlier runs under the output folder (of the same
-    model and data when ``key`` = (model, data) is given); else the path itself."""
+def resolve_checkpoint(cfg: DictConfig, out: Path) -> str | None:
+    """The checkpoint file to resume from: ``resume=<run dir>`` -> its checkpoints/last.ckpt; ``ckpt_path=last`` ->
+    that of the one earlier run of the same configuration (``structtorch.runs.find_last_checkpoint``: the run index
+    and the output folder); else the path itself."""
+    ckpt_path, resume = cfg.ckpt_path, cfg.resume
     if resume is not None and ckpt_path is not None:
         raise ValueError("give either resume=<run dir> or ckpt_path=<file|last>, not both")
     if resume is not None:
@@ -133,22 +141,10 @@ def resolve_checkpoint(ckpt_path: str | None, resume: str | None, out: Path,
                                     f"trained with trainer.enable_checkpointing=true?)")
         return str(ckpt)
     if ckpt_path == "last":
-        base = _output_base(out)
-        found = sorted((p for p in base.glob("**/checkpoints/last.ckpt")
-                        if out not in p.parents and (key is None or _saved_key(p.parent.parent) == key)),
-                       key=lambda p: p.stat().st_mtime)
-        if not found:
-            what = "" if key is None else f" of model={key[0]} on {key[1]}"
-            raise FileNotFoundError(f"ckpt_path=last: no earlier run{what} with checkpoints/last.ckpt under {base}")
-        return str(found[-1])
+        return find_last_checkpoint(cfg, out, _output_base(out))
     if ckpt_path is not None and not Path(ckpt_path).is_file():
         raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such file")
     return ckpt_path
-
-
-def _saved_key(run_dir: Path) -> tuple[str, str] | None:
-    saved = run_dir / ".hydra" / "config.yaml"
-    return _run_key(OmegaConf.load(saved)) if saved.is_file() else None
 
 
 def _output_base(out: Path) -> Path:
@@ -185,37 +181,54 @@ def _trainer(cfg: DictConfig, out: Path, run_name: str) -> L.Trainer:
     threads = kwargs.pop("num_threads")
     if threads is not None:
         torch.set_num_threads(int(threads))
-    callbacks = []
+    callbacks: list[L.Callback] = [ResumeHint(out)]
     if kwargs.get("enable_checkpointing", True):
         callbacks.append(ModelCheckpoint(dirpath=str(out / "checkpoints"), filename="epoch{epoch:03d}-step{step}",
                                          auto_insert_metric_name=False, save_last=True))
     if kwargs["max_epochs"] == 0:
         log.warning("trainer.max_epochs=0: the model is not trained; testing the untrained model")
-    return L.Trainer(**kwargs, logger=_logger(cfg.logger, out, run_name), default_root_dir=str(out),
-                     callbacks=callbacks)
+    try:
+        return L.Trainer(**kwargs, logger=_logger(cfg.logger, out, run_name), default_root_dir=str(out),
+                         callbacks=callbacks)
+    except MisconfigurationException as err:
+        raise UserError(_trainer_error(str(kwargs["accelerator"]), err)) from err
 
 
-def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
+def _trainer_error(accelerator: str, err: MisconfigurationException) -> str:
+    """What is wrong with the trainer config Lightning rejected, and the fix."""
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        return (f"trainer.accelerator={accelerator}, but torch {torch.__version__} finds no CUDA GPU on this machine "
+                f"(torch.cuda.is_available() is False): use trainer=cpu")
+    return f"the trainer config is not possible here: {' '.join(str(err).split())}"
+
+
+def run(cfg: DictConfig, out_dir: str | Path, record: bool = False) -> dict[str, Any]:
     """Train + test as configured; returns the metrics also written to ``out_dir/metrics.json``. The inference
-    backend (``fused``) holds for this run only."""
+    backend (``fused``) holds for this run only. ``record``: add the run to the run index that ``ckpt_path=last``
+    searches (``structtorch.runs``; the CLI does for single runs)."""
     with backend("fused" if cfg.fused else "eager"):
-        return _run(cfg, Path(out_dir))
+        return _run(cfg, Path(out_dir), record)
 
 
-def _run(cfg: DictConfig, out: Path) -> dict[str, Any]:
+def _run(cfg: DictConfig, out: Path, record: bool) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)  # without a logger or checkpoints nothing else creates it
     L.seed_everything(cfg.seed, workers=True)
     data_name = _run_key(cfg)[1]
     run_name = "-".join(_run_key(cfg))
+    trainer = _trainer(cfg, out, run_name)  # before the data: a trainer config that cannot run fails first
+    if not trainer.is_global_zero:  # one process reports progress (structtorch.progress), not each of them
+        logging.getLogger("structtorch").setLevel(logging.WARNING)
     dm, model, ckpt = _prepare(cfg, out)
-    trainer = _trainer(cfg, out, run_name)
     if trainer.is_global_zero:
         log.info("run directory: %s", out.resolve())
         if trainer.checkpoint_callback is not None:
             log.info("checkpoints: %s (resume: ckpt_path=last or resume=%s)",
                      (out / "checkpoints" / "last.ckpt").resolve(), out.resolve())
+        if record and trainer.checkpoint_callback is not None:  # a run without checkpoints cannot be resumed
+            record_run(out, cfg, ckpt)
         if ckpt is not None:
-            log.info("resuming from %s", ckpt)
+            found = " (ckpt_path=last: the one earlier run of this configuration)" if cfg.ckpt_path == "last" else ""
+            log.info("resuming from %s%s", ckpt, found)
     t0 = time.perf_counter()
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
     metrics: dict[str, Any] = {"train_seconds": time.perf_counter() - t0}
@@ -234,7 +247,8 @@ def _run(cfg: DictConfig, out: Path) -> dict[str, Any]:
             metrics["per_label"] = model.per_label_summary()
         (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
         _save_figures(model, out, cfg.test)
-        log.info("%s", format_metrics(metrics))
+        shown = None if model.console_metrics is None else [f"test/{k}" for k in model.console_metrics]
+        log.info("%s", format_metrics(metrics, shown))
         log.info("metrics: %s; pictures: %s", out / "metrics.json", ", ".join(
             str(out / f) for f in ("structure.png", "per_label.png") if (out / f).exists()))
     return metrics
@@ -249,20 +263,34 @@ def _save_figures(model: StructuredLearner, out: Path, tested: bool) -> None:
         close_figure(fig)
 
 
-def format_metrics(metrics: dict[str, Any]) -> str:
-    """The console table of a run's test metrics and timings."""
-    rows = [f"{k:<22} {v * 100:7.2f} %" for k, v in sorted(metrics.items()) if k.startswith("test/")]
+def format_metrics(metrics: dict[str, Any], shown: Sequence[str] | None = None) -> str:
+    """The console table of a run: its test metrics (those in ``shown``; None: all), timings, the regularisation
+    grid's choice and CV curve, and how training ended (certified or not, stopping rule met or not)."""
+    tests = [k for k in sorted(metrics) if k.startswith("test/") and (shown is None or k in shown)]
+    rows = [f"{k:<22} {metrics[k] * 100:7.2f} %" for k in tests]
     rows += [f"{k:<22} {v:8.2f} s" for k, v in sorted(metrics.items()) if k.endswith("_seconds")]
-    solver = metrics.get("solver", {})
+    cv = metrics.get("cv")
+    if cv:
+        curve = "  ".join(f"{l2:g}: {100 * score:.2f}" for l2, score in zip(cv["l2"], cv["scores"]))
+        rows.append(f"{'chosen l2':<22} {cv['chosen_l2']:8g}   ({cv['folds']}-fold CV {cv['metric']} %: {curve})")
+    solver = metrics.get("solver")
+    if solver:
+        rows.append(_solver_row(solver))
+    return "\n".join([f"== {metrics.get('model')} on {metrics.get('data')} ==", *rows])
+
+
+def _solver_row(solver: dict[str, Any]) -> str:
+    """How training ended: the certificate (lbfgs, bcfw), the stopping rule (cccp), or a fixed number of epochs."""
+    epochs = f"{solver['epochs']} epoch{'' if solver['epochs'] == 1 else 's'}"
     if "relative_gap" in solver:
         done = all(solver["converged"]) if isinstance(solver["converged"], list) else solver["converged"]
-        rows.append(f"{'duality gap':<22} {_worst(solver['relative_gap']):8.1e}   ({solver['solver']}, tol "
-                    f"{solver['tol']:g}, {solver['epochs']} epochs): "
-                    + ("certified" if done else "NOT certified (raise trainer.max_epochs to reach model.tol)"))
-    elif "converged" in solver:
-        rows.append(f"{'stopping rule':<22} {'met' if solver['converged'] else 'NOT met (stopped at max_epochs)'}"
-                    f"   ({solver['solver']}, {solver['epochs']} epochs)")
-    return "\n".join([f"== {metrics.get('model')} on {metrics.get('data')} ==", *rows])
+        verdict = "certified" if done else "NOT certified (raise trainer.max_epochs to reach model.tol)"
+        return (f"{'duality gap':<22} {_worst(solver['relative_gap']):8.1e}   ({solver['solver']}, "
+                f"tol {solver['tol']:g}, {epochs}): {verdict}")
+    if "converged" in solver:
+        return (f"{'stopping rule':<22} {'met' if solver['converged'] else 'NOT met (stopped at max_epochs)'}   "
+                f"({solver['solver']}, {epochs})")
+    return f"{'training':<22} {solver['solver']}, {epochs}: no certificate or stopping rule (runs trainer.max_epochs)"
 
 
 def _worst(value: float | list[float]) -> float:
@@ -279,6 +307,49 @@ def _route_library_logs() -> None:
     logging.captureWarnings(True)
 
 
+#: warnings every run used to print that say nothing about the run, matched narrowly by message and category
+LIBRARY_NOISE = (
+    # Lightning calls torch's deprecated pytree API itself
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    # the strategies log per epoch (full-batch solvers take one step per epoch), not per step
+    (r"The number of training batches \(\d+\) is smaller than the logging interval", PossibleUserWarning),
+)
+
+
+def _quiet_library_noise() -> None:
+    """Ignore ``LIBRARY_NOISE`` and Lightning's advertising tips; every other warning and log line stays."""
+    for message, category in LIBRARY_NOISE:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_a_tip)
+
+
+def _not_a_tip(record: logging.LogRecord) -> bool:
+    """False for Lightning's "Tip: For seamless cloud ..." lines (litlogger, litmodels)."""
+    return "Tip: For seamless cloud" not in record.getMessage()
+
+
+class ResumeHint(L.Callback):
+    """On Ctrl-C (a KeyboardInterrupt in fit or test): one line with the command that resumes the run."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, KeyboardInterrupt) and trainer.is_global_zero:
+            log.warning("%s", resume_hint(self.out))
+
+
+def resume_hint(out: Path) -> str:
+    """The line after an interruption of run ``out``: the command that resumes it (this run's overrides, without
+    ckpt_path / resume, plus ``resume=<out>``), or that there is no checkpoint yet."""
+    if not (out / "checkpoints" / "last.ckpt").is_file():
+        return "interrupted before the first checkpoint (written after each epoch): nothing to resume, run it again"
+    task = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    keep = [o for o in task if o.lstrip("+~").split("=", 1)[0] not in ("ckpt_path", "resume")]
+    return "interrupted; resume with: " + shlex.join(["python", "-m", "structtorch.train", *keep,
+                                                      f"resume={out.resolve()}"])
+
+
 _TASK_STARTED = False
 
 
@@ -287,10 +358,11 @@ def main(cfg: DictConfig) -> float | None:
     global _TASK_STARTED
     _TASK_STARTED = True
     _route_library_logs()
+    _quiet_library_noise()
     out = Path(HydraConfig.get().runtime.output_dir)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
-        metrics = run(cfg, out)
+        metrics = run(cfg, out, record=not multirun)
     except UserError as err:
         (out / "error.txt").write_text(f"{err}\n")
         log.error("error: %s", err)
@@ -307,18 +379,36 @@ def main(cfg: DictConfig) -> float | None:
 
 
 _QUOTE = re.compile(r"^(ckpt_path|resume)=(?!['\"])(.*=.*)$")
+#: what Hydra raises for a config it cannot compose (an unknown option or key, a bad value, an unparsable override)
+CONFIG_ERRORS = (ConfigCompositionException, OverrideParseException)
 
 
 def cli() -> None:
     """``python -m structtorch.train``: quotes checkpoint paths holding '=' (Lightning's
-    ``epoch=59-step=360.ckpt``) for Hydra, and turns Hydra's config errors into exit code 2."""
+    ``epoch=59-step=360.ckpt``) for Hydra, and turns Hydra's config errors into one line and exit code 2."""
     sys.argv = [_QUOTE.sub(lambda m: f"{m.group(1)}='{m.group(2)}'", a) for a in sys.argv]
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors here instead of printing them
     try:
         main()
+    except CONFIG_ERRORS as err:
+        if full_error == "1":  # the user asked for Hydra's whole trace
+            raise
+        print(f"error: {describe_config_error(err)}", file=sys.stderr)
+        sys.exit(2)
     except SystemExit as stop:
-        if stop.code == 1 and not _TASK_STARTED:  # Hydra rejected the config before any job ran
+        if stop.code == 1 and not _TASK_STARTED:  # Hydra rejected the command line before any job ran
             sys.exit(2)
         raise
+    finally:
+        _restore_env("HYDRA_FULL_ERROR", full_error)
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 if __name__ == "__main__":

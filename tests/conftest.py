@@ -24,6 +24,21 @@ STATES = [2, 3, 4]
 
 
 @pytest.fixture(scope="session", autouse=True)
+def private_run_index(tmp_path_factory):
+    """The run index that ``ckpt_path=last`` searches (``structtorch.runs``) is the session's own, never the user's
+    ``~/.cache/structtorch/runs.jsonl``. Subprocesses inherit it."""
+    import os
+
+    old = os.environ.get("STRUCTTORCH_RUNS")
+    os.environ["STRUCTTORCH_RUNS"] = str(tmp_path_factory.mktemp("run_index") / "runs.jsonl")
+    yield
+    if old is None:
+        os.environ.pop("STRUCTTORCH_RUNS", None)
+    else:
+        os.environ["STRUCTTORCH_RUNS"] = old
+
+
+@pytest.fixture(scope="session", autouse=True)
 def offline_mulan_cache(tmp_path_factory):
     """CI has no internet: point STRUCTTORCH_DATA at a cache filled from ../shared/data/mulan (when it is
     beside the checkout), the way an offline user does. Subprocesses inherit it."""

@@ -1,5 +1,6 @@
 """Data-parallel training on CPU: trainer=ddp (2 processes, gloo) against one process with the same
-global batch, metrics reduced across processes by torchmetrics, and how the global batch is split.
+global batch, metrics reduced across processes by torchmetrics, how the global batch is split, and two
+"nodes" of one process each started the way a cluster starts them (NODE_RANK, MASTER_ADDR, MASTER_PORT).
 
 Every test here starts real processes (``python -m structtorch.train`` or a small script that
 Lightning's DDP launcher re-executes once per rank).
@@ -213,3 +214,37 @@ def test_ddp_full_keeps_every_examples_messages_on_every_rank(tmp_path):
     assert messages.shape[0] >= 120
     written = messages[:120].flatten(1).abs().sum(1) > 0
     assert bool(written.all()), f"{int((~written).sum())} of 120 examples have no stored messages"
+
+
+# ---------------------------------------------------------------------- multi-node, as on a cluster
+NODES = ["model=independent", "model.solver=lbfgs", "seed=0", "data.seed=0", "data.num_train=400",
+         "data.val_fraction=0", "data.batch_size=100", "data.num_test=500", "data.num_labels=5",
+         "trainer.max_epochs=60", "logger=none", "trainer.enable_progress_bar=false",
+         "trainer.enable_checkpointing=false"]
+
+
+def test_two_nodes_of_one_process_each_give_the_certified_one_process_result(tmp_path):
+    """The README's multi-node form run as two local "nodes" on gloo: the same command on each, with
+    MASTER_ADDR / MASTER_PORT / NODE_RANK set (Lightning's environment for a cluster without SLURM) and
+    trainer.num_nodes=2 trainer.devices=1. Both ranks run the certified full-batch L-BFGS solve, test on their
+    half of the test set (metrics reduced across the nodes) and end certified with one process's objective and
+    test metrics."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               PYTHONWARNINGS="ignore", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    for key in ("LOCAL_RANK", "WORLD_SIZE", "RANK", "PL_GLOBAL_SEED"):
+        env.pop(key, None)
+    nodes = [subprocess.Popen([sys.executable, "-m", "structtorch.train", "trainer=ddp", "trainer.num_nodes=2",
+                               "trainer.devices=1", *NODES, f"hydra.run.dir={tmp_path / f'node{rank}'}"],
+                              cwd=tmp_path, env=dict(env, NODE_RANK=str(rank)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0, output[-4000:]
+    assert "MEMBER: 1/2" in outputs[0] and "MEMBER: 2/2" in outputs[1] and "distributed_backend=gloo" in outputs[0]
+    assert not (tmp_path / "node1" / "metrics.json").exists()  # rank 0 writes the results
+    run_process(["-m", "structtorch.train", "trainer=cpu", *NODES, f"hydra.run.dir={tmp_path / 'one'}"])
+    one, two = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "node0"))
+    assert one["solver"]["converged"] and two["solver"]["converged"]
+    assert two["solver"]["primal"] == pytest.approx(one["solver"]["primal"], rel=1e-4)
+    for key in TEST_KEYS:
+        assert abs(one[key] - two[key]) <= 0.005, (key, one[key], two[key])

@@ -10,6 +10,7 @@ import inspect
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -160,8 +161,8 @@ def test_unknown_group_option_raises():
 def test_typo_in_a_yaml_file_raises_config_error(tmp_path):
     conf = tmp_path / "conf"
     shutil.copytree(CONF, conf)
-    (conf / "model" / "typo.yaml").write_text("defaults:\n  - model_schema\nname: independent\nlrr: 0.1\n")
-    (conf / "trainer" / "typo.yaml").write_text("defaults:\n  - trainer_schema\nmax_epoch: 3\n")
+    (conf / "model" / "typo.yaml").write_text("defaults:\n  - /model_schema@_here_\nname: independent\nlrr: 0.1\n")
+    (conf / "trainer" / "typo.yaml").write_text("defaults:\n  - /trainer_schema@_here_\nmax_epoch: 3\n")
     assert compose_cfg(["model=independent"], conf).model.name == "independent"  # the copy itself is fine
     with pytest.raises(CONFIG_ERRORS, match="lrr"):
         compose_cfg(["model=typo"], conf)
@@ -545,3 +546,36 @@ def test_the_console_says_whether_the_run_is_certified():
     cccp = {"solver": "cccp", "converged": False, "epochs": 60}
     assert "stopping rule" in format_metrics(base | {"solver": cccp}) and "NOT met" in format_metrics(
         base | {"solver": cccp})
+
+
+SOLVER_RUNS = {  # one tiny run per kind of solver, capped at 1 epoch: (overrides, the console's last line)
+    "lbfgs": (["model=independent"], r"duality gap .*\(lbfgs, tol 0\.001, 1 epoch\): (certified|NOT certified)"),
+    "bcfw": (["model=independent", "model.solver=bcfw", "model.tol=1e-9"],
+             r"duality gap .*\(bcfw, tol 1e-09, 1 epoch\): NOT certified \(raise trainer\.max_epochs.*"),
+    "cccp": (["model=crank", "model.restarts=2", "model.inner_iters=5", "model.iters=3", "model.predict_iters=20"],
+             r"stopping rule +NOT met \(stopped at max_epochs\) +\(cccp, 1 epoch\)"),
+    "algorithm1": (["model=logistic", *GRID_SMALL, "model.passes=2"],
+                   r"training +logistic, 1 epoch: no certificate or stopping rule \(runs trainer\.max_epochs\)"),
+    "adam": (["model=independent", "model.solver=adam"],
+             r"training +adam, 1 epoch: no certificate or stopping rule \(runs trainer\.max_epochs\)"),
+}
+
+
+@pytest.mark.parametrize("solver", sorted(SOLVER_RUNS))
+def test_the_console_says_how_training_ended_for_every_solver(solver, tmp_path, caplog):
+    overrides, last_line = SOLVER_RUNS[solver]
+    once = ["trainer.max_epochs=1", "logger=none"]
+    cfg = compose_cfg([*overrides, *once]) if solver == "algorithm1" else small_cfg(*overrides, *once)
+    with caplog.at_level("INFO", logger="structtorch.train"):
+        metrics = run(cfg, tmp_path)
+    table = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("== "))
+    assert re.fullmatch(last_line, table.splitlines()[-1]), table
+    assert ("test/subset_acc" in table) == (solver != "algorithm1")  # a grid run shows per-pixel accuracy only
+    assert "test/hamming_acc" in table and metrics["solver"]["epochs"] == 1
+
+
+def test_the_console_shows_the_chosen_l2_and_its_cv_curve():
+    cv = {"metric": "hamming_acc", "folds": 5, "l2": [0.01, 0.1, 1.0], "scores": [0.7813, 0.7907, 0.7907],
+          "chosen_l2": 1.0}
+    table = format_metrics({"model": "fixed_tree", "data": "emotions", "cv": cv}).splitlines()
+    assert table[-1] == "chosen l2                     1   (5-fold CV hamming_acc %: 0.01: 78.13  0.1: 79.07  1: 79.07)"

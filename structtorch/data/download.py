@@ -28,6 +28,7 @@ import warnings
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import BinaryIO
 
 from tqdm import tqdm
 
@@ -158,19 +159,33 @@ def fetch_mulan(name: str, root: str | os.PathLike | None = None, url: str | Non
     files = mulan_files(name)
     directory = mulan_cache_dir() / "mulan" / name
     base = (url or MULAN_RAW_URL).rstrip("/")
-    for entry in files.values():
-        path = directory / entry.file
-        if path.is_file():
-            got = _sha256(path)
-            if got == entry.sha256:
-                continue
-            warnings.warn(f"{path}: sha256 {got} does not match the catalog's {entry.sha256}; "
-                          f"downloading it again", UserWarning, stacklevel=2)
-            path.unlink()
-        directory.mkdir(parents=True, exist_ok=True)
-        file_url = f"{base}/{urllib.parse.quote(entry.dataset)}/{urllib.parse.quote(entry.file)}"
-        _download(file_url, entry, path, progress)
+    created = [d for d in (directory, *directory.parents) if not d.exists()]
+    try:
+        for entry in files.values():
+            _fetch_file(entry, directory, base, progress)
+    except DownloadError as err:
+        for d in created:  # deepest first: leave no empty folder behind
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+        raise DownloadError(f"Mulan dataset {name!r} is not in the data cache {directory} and {err}. To work "
+                            f"offline, set STRUCTTORCH_DATA=<folder> to a filled cache (<folder>/mulan/{name}/...) "
+                            f"or pass root=<dir> (data.root=<dir>) holding <dir>/{name}/{name}-train.arff, "
+                            f"{name}-test.arff, {name}.xml") from err
     return directory
+
+
+def _fetch_file(entry: CatalogFile, directory: Path, base: str, progress: bool) -> None:
+    """``directory / entry.file``, reused when its sha256 matches the catalog, else downloaded from ``base``."""
+    path = directory / entry.file
+    if path.is_file():
+        got = _sha256(path)
+        if got == entry.sha256:
+            return
+        warnings.warn(f"{path}: sha256 {got} does not match the catalog's {entry.sha256}; "
+                      f"downloading it again", UserWarning, stacklevel=3)
+        path.unlink()
+    directory.mkdir(parents=True, exist_ok=True)
+    _download(f"{base}/{urllib.parse.quote(entry.dataset)}/{urllib.parse.quote(entry.file)}", entry, path, progress)
 
 
 def fill_cache_from(src_root: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> None:
@@ -225,34 +240,45 @@ def _temp_file(target: Path) -> Path:
 
 
 def _download(url: str, entry: CatalogFile, target: Path, progress: bool) -> None:
-    """Stream ``url`` into a temporary file, check size and sha256, then rename it to ``target``."""
+    """Stream ``url`` into a temporary file, check size and sha256, then rename it to ``target``. On failure the
+    progress bar stays (ended by a newline), so the error starts on a line of its own."""
     tmp = _temp_file(target)
-    expected = f"expected {entry.size} bytes with sha256 {entry.sha256}"
-    h, n = hashlib.sha256(), 0
     try:
         with open(tmp, "wb") as out, tqdm(total=entry.size, unit="B", unit_scale=True, unit_divisor=1024,
                                           desc=f"{entry.dataset}/{entry.file}", file=sys.stderr,
                                           disable=not progress, leave=False) as bar:
             try:
-                with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
-                    while chunk := response.read(_CHUNK):
-                        n += len(chunk)
-                        if n > entry.size:
-                            break
-                        h.update(chunk)
-                        out.write(chunk)
-                        bar.update(len(chunk))
-            except _NETWORK_ERRORS as err:
-                what = "was cut off" if isinstance(err, http.client.IncompleteRead) else "failed"
-                raise DownloadError(f"download of {url} {what} after {n} of {entry.size} bytes "
-                                    f"({type(err).__name__}: {err}); {expected}; nothing was saved") from err
-        if n < entry.size:
-            raise DownloadError(f"download of {url} was cut off: the connection closed after {n} of {entry.size} "
-                                f"bytes; {expected}; nothing was saved")
-        if n > entry.size or h.hexdigest() != entry.sha256:
-            got = f"more than {entry.size} bytes" if n > entry.size else f"sha256 {h.hexdigest()}"
-            raise DownloadError(f"download of {url} is not the catalog's file: {expected}, got {got}; "
-                                f"nothing was saved")
+                _stream(url, entry, out, bar)
+            except DownloadError:
+                bar.leave = True
+                raise
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _stream(url: str, entry: CatalogFile, out: BinaryIO, bar: tqdm) -> None:
+    """Write the file at ``url`` to ``out``; DownloadError unless it is the catalog's file (size, sha256)."""
+    expected = f"expected {entry.size} bytes with sha256 {entry.sha256}"
+    h, n = hashlib.sha256(), 0
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
+            while chunk := response.read(_CHUNK):
+                n += len(chunk)
+                if n > entry.size:
+                    break
+                h.update(chunk)
+                out.write(chunk)
+                bar.update(len(chunk))
+    except _NETWORK_ERRORS as err:
+        what = "was cut off" if isinstance(err, http.client.IncompleteRead) else "failed"
+        reason = err.reason if type(err) is urllib.error.URLError else err  # no "<urlopen error ...>" wrapping
+        raise DownloadError(f"downloading {url} {what} after {n} of {entry.size} bytes ({type(err).__name__}: "
+                            f"{reason}); nothing was saved") from err
+    if n < entry.size:
+        raise DownloadError(f"downloading {url} was cut off: the connection closed after {n} of {entry.size} "
+                            f"bytes; {expected}; nothing was saved")
+    if n > entry.size or h.hexdigest() != entry.sha256:
+        got = f"more than {entry.size} bytes" if n > entry.size else f"sha256 {h.hexdigest()}"
+        raise DownloadError(f"downloading {url} gave a file that is not the catalog's: {expected}, got {got}; "
+                            f"nothing was saved")

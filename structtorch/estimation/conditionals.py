@@ -26,6 +26,7 @@ from ..folds import fold_assignment
 from ..graph import check_int
 from ..inputs import Standardizer
 from ..optim import BatchedLBFGS, backtrack
+from ..progress import tick
 from ..solvers.proximal import BatchedFISTA
 
 __all__ = ["LAMBDA_GRID", "conditional_log_probs", "fit_logistic", "logistic_cv_log_probs", "select_inputs",
@@ -136,7 +137,8 @@ def _fit_newton(value, theta: torch.Tensor, z: torch.Tensor, onehot: torch.Tenso
     zz = (z[..., :, None] * z[..., None, :]).reshape(R, N, Q * Q)
     f, logp = value(theta)
     active = torch.ones_like(f, dtype=torch.bool)
-    for _ in range(max_iter):
+    for i in range(max_iter):
+        tick(i, max_iter, "Newton iterations")
         # Newton directions on the block of penalties and regressions that still have an open model
         gi, ri = active.any(2).any(0).nonzero()[:, 0], active.any(1).any(0).nonzero()[:, 0]
         step, dec = _newton_step(z[ri], zz[ri], onehot[ri], wt, pen[:, gi], theta[:, gi][:, :, ri],
@@ -193,6 +195,7 @@ def logistic_cv_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.
     step = max(1, chunk_elements // per_regression)
     out, chosen = [], []
     for lo in range(0, R, step):
+        tick(lo, R, "regressions")
         sub, tgt = subsets[lo:lo + step], target[lo:lo + step]
         design = _design(x, sub)
         theta = fit_logistic(design, tgt, num_classes, lam, weight)

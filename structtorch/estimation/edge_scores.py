@@ -22,6 +22,7 @@ import torch
 
 from ..energies.local import pad_subsets, pair_inputs
 from ..graph import Graph
+from ..progress import phase
 from ..structure.edge_scores import label_mutual_information
 from .conditionals import LAMBDA_GRID, conditional_log_probs, select_inputs
 
@@ -60,11 +61,13 @@ def edge_scores(x: torch.Tensor, y: torch.Tensor, method: str, inputs: list[list
         pair_cols = pair_inputs(inputs, edges)
     fit = dict(estimator=estimator, lambdas=lambdas, cv_folds=cv_folds, seed=seed)
     pair_target = (y[:, edges[:, 0]] * K + y[:, edges[:, 1]]).T  # [E, N]
-    log_pair = conditional_log_probs(x, pair_target, pad_subsets(pair_cols, x.shape[1]).to(x.device), K * K,
-                                     **fit).view(len(edges), N, K, K)
+    with phase("P(y_i, y_j | inputs)", quiet=True):
+        log_pair = conditional_log_probs(x, pair_target, pad_subsets(pair_cols, x.shape[1]).to(x.device), K * K,
+                                         **fit).view(len(edges), N, K, K)
     log_node = None
     if method == "dci":
-        log_node = conditional_log_probs(x, y.T, pad_subsets(inputs, x.shape[1]).to(x.device), K, **fit)
+        with phase("P(y_i | inputs)", quiet=True):
+            log_node = conditional_log_probs(x, y.T, pad_subsets(inputs, x.shape[1]).to(x.device), K, **fit)
     return scores_from_log_probs(method, log_pair, y, log_node)
 
 

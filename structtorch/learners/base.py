@@ -15,6 +15,7 @@ checkpoint is loaded. ``train.py`` knows no learner by name.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import lightning as L
@@ -29,6 +30,7 @@ from ..losses import crf_nll, map_value, smoothed_lp_hinge, structured_hinge, ze
 from ..metrics import ExampleF1, HammingAccuracy, PerLabelCounts, SubsetAccuracy, multilabel_metrics
 from ..plots import close_figure, per_label_figure, structure_figure
 from ..potentials import Potentials
+from ..progress import phase
 from ..solvers import BCFW, Oracle, SmoothedMax, tree_oracle, tree_smoothed_max
 from ..strategies import SOLVERS, Strategy, solver_strategy
 
@@ -80,6 +82,8 @@ class StructuredLearner(L.LightningModule):
 
     #: True for learners of grid images (batches of ``GridInputs``, see ``structtorch.data.grid``)
     grid_inputs: bool = False
+    #: the test metrics (names without "test/") of the console summary; None: all (metrics.json has all anyway)
+    console_metrics: tuple[str, ...] | None = None
     #: model.l2=auto: lambda = auto_l2 / N. 100 is liblinear's C = 0.01, the C that 3-fold CV chooses for one
     #: hinge-loss SVM per label on standardised features on scene, emotions, yeast and birds (0.03 on flags)
     auto_l2: float = 100.0
@@ -140,6 +144,8 @@ class StructuredLearner(L.LightningModule):
         self.test_metrics = multilabel_metrics("test/", num_labels)
         self._strategy: Strategy | None = None  # how the parameters are fitted (``strategy``)
         self._strategy_state: dict[str, Any] | None = None  # from a checkpoint, handed to the strategy at fit start
+        self._epoch_phase = ExitStack()  # the running epoch's progress phase (``structtorch.progress``)
+        self._first_epoch = 0  # the first epoch of the current fit (a resumed fit starts later)
 
     # ------------------------------------------------------------------ what subclasses supply
     def build_energy(self) -> Energy:
@@ -278,9 +284,15 @@ class StructuredLearner(L.LightningModule):
     def on_fit_start(self) -> None:
         x, y = _training_tensors(self.trainer)
         state = self._strategy_state if (self._strategy_state or {}).get("kind") == self.strategy.name else None
-        self.strategy.setup(x, y, state)  # a checkpoint of another strategy: this one starts from its weights
+        with phase(f"{type(self).__name__} ({self.strategy.name}): set-up", quiet=True):
+            self.strategy.setup(x, y, state)  # a checkpoint of another strategy: this one starts from its weights
+        self._first_epoch = self.current_epoch
 
     def on_train_epoch_start(self) -> None:
+        """A progress phase per epoch (its start logged for the fit's first epoch), then the strategy's."""
+        self._epoch_phase.close()
+        name = f"{type(self).__name__} ({self.strategy.name}), epoch {self.current_epoch + 1}"
+        self._epoch_phase.enter_context(phase(name, quiet=self.current_epoch != self._first_epoch))
         self.strategy.epoch_start()
 
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor | None:
@@ -289,6 +301,7 @@ class StructuredLearner(L.LightningModule):
     def on_train_epoch_end(self) -> None:
         if self.strategy.epoch_end():
             self.trainer.should_stop = True
+        self._epoch_phase.close()
 
     def solver_report(self) -> dict[str, Any]:
         """How training ended, for metrics.json: the solver, (certified solvers) its last certificate and the l2
@@ -365,9 +378,10 @@ class StructuredLearner(L.LightningModule):
         if self.hparams.l2 == "auto":
             l2 = self.resolve_l2(len(x))[0]
             rank_zero_info(f"model.l2=auto: lambda = {self.auto_l2:g} / {len(x)} training examples = {l2:.4g}")
-        if self.structure_mask.numel():
+        if self.structure_mask.numel() or type(self).build_structure is StructuredLearner.build_structure:
             return
-        mask = self.build_structure(x, y)
+        with phase(f"{type(self).__name__} structure ({len(y)} training examples)"):
+            mask = self.build_structure(x, y)
         if mask is not None:
             self.set_structure(mask)
 

@@ -94,6 +94,9 @@ class LogisticEnergy(StructuredLearner):
         self._test_examples: tuple[torch.Tensor, ...] | None = None  # first test images, for the picture
 
     grid_inputs = True  # train.build_learner: takes GridInputs batches and the grid sizes
+    #: per-pixel accuracy (Domke's test error is 1 - it); a whole image is never exactly right, so subset accuracy
+    #: and the per-image F1 say nothing here
+    console_metrics = ("hamming_acc",)
 
     # ------------------------------------------------------------------ energy
     def build_energy(self) -> GridEnergy:

@@ -16,6 +16,7 @@ import torch
 from ..energies import LocalLinearEnergy
 from ..estimation import EDGE_SCORES, edge_scores, select_inputs
 from ..graph import Graph, check_int
+from ..progress import phase
 from ..structure import max_spanning_tree
 from .base import StructuredLearner
 
@@ -79,9 +80,12 @@ class TreeCRF(StructuredLearner):
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Input mapping, edge scores on the complete graph, and their max spanning tree (bool [E])."""
         hp = self.hparams
-        inputs = self.input_mapping(x, y)
+        with phase(f"inputs of each label ({hp.inputs})", quiet=hp.inputs == "aligned"):
+            inputs = self.input_mapping(x, y)
         self.energy.set_inputs(inputs)
-        scores = edge_scores(x, y, hp.score, inputs=inputs, num_states=hp.num_states, cv_folds=hp.score_folds)
+        n = hp.num_labels
+        with phase(f"edge scores ({hp.score}) of {n * (n - 1) // 2} label pairs"):
+            scores = edge_scores(x, y, hp.score, inputs=inputs, num_states=hp.num_states, cv_folds=hp.score_folds)
         self.edge_score = scores.to(self.edge_score)
         return max_spanning_tree(scores, Graph.complete(self.hparams.num_labels)).cpu()
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from ..optim import ModelSlices
+from ..progress import tick
 
 __all__ = ["BatchedFISTA"]
 
@@ -123,7 +124,8 @@ class BatchedFISTA:
         ``patience`` consecutive iterations. Returns F [M] at the final iterate (left in ``params``)."""
         active = torch.ones(self.M, dtype=torch.bool, device=self.c.device)
         calm = torch.zeros(self.M, dtype=torch.long, device=self.c.device)
-        for _ in range(iterations):
+        for i in range(iterations):
+            tick(i, iterations, "FISTA iterations")
             before = self.F.clone()
             self.step(active)
             small = (before - self.F) <= rel_tol * self.F.abs().clamp_min(math.ulp(1.0))

@@ -38,6 +38,7 @@ from ..inference import smoothed_lp, tree_logz, tree_map
 from ..losses import hamming_margin
 from ..optim import BatchedLBFGS
 from ..potentials import Potentials
+from ..progress import tick
 from ..structure.circuit_rank import circuit_rank
 from ..structure.spanning import max_spanning_tree
 from .bcfw import check_lam, check_mask, lift_models, one_hot_marginals
@@ -313,6 +314,7 @@ class SmoothedLBFGS(SmoothedHinge):
                  ) -> None:
         super().__init__(energy, x, y, lam, smoothed_max, exact_max, margin_scale, bias_reg, tol, eps, mask, dtype)
         self.iterations = 0
+        self.until: int | None = None  # the iteration cap of the running ``fit`` (progress lines)
         self.opt = BatchedLBFGS(self.params, self.objective, self.num_models, history_size)
 
     def run(self, iterations: int) -> None:
@@ -328,6 +330,7 @@ class SmoothedLBFGS(SmoothedHinge):
                 break  # every model certified or stalled at this temperature: time to certify again
             active &= ~self.opt.step(active)
             self.iterations += 1
+            tick(self.iterations, self.until, "L-BFGS iterations", self._gap_note)
         self.write_back()
 
     def certify(self) -> GapInfo:
@@ -355,10 +358,16 @@ class SmoothedLBFGS(SmoothedHinge):
 
     def fit(self, max_iter: int = 10000, check_every: int = 20) -> GapInfo:
         """Run until every model is certified (relative gap <= tol) or ``max_iter`` iterations."""
-        info, idle = self.certify(), 0
+        info, idle, self.until = self.certify(), 0, max_iter
         while not bool(info.converged.all()) and self.iterations < max_iter and idle < 2:
             before = self.iterations
             self.run(min(check_every, max_iter - self.iterations))
             idle = idle + 1 if self.iterations == before else 0  # stalled even after a new temperature: give up
             info = self.certify()
         return info
+
+    def _gap_note(self) -> str:
+        """The last certificate, for progress lines."""
+        if self.last is None:
+            return ""
+        return f"last relative duality gap {float(self.last.relative_gap.max()):.2g}, tol {self.tol:g}"

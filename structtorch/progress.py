@@ -1,0 +1,69 @@
+"""Progress lines for long phases (structure learning, a solver's epoch), through Python logging.
+
+A caller names a phase (``with phase("edge scores (dci) of 15 label pairs"):``); the loops inside it report how far
+they are (``tick(37, 100, "FISTA iterations")``), which costs one clock read, and the innermost phase turns that
+into a log line at most every ``EVERY_S`` seconds: ``<phase>: 37/100 FISTA iterations after 15 s``. A phase logs
+when it starts and, when it took longer than ``EVERY_S``, when it ends (a ``quiet`` one only names the ticks of its
+loops). The CLI shows the ``structtorch`` loggers on the console and in train.log; a library user sees them once
+logging is configured at INFO.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+__all__ = ["EVERY_S", "phase", "tick"]
+
+EVERY_S = 15.0  #: seconds between two progress lines of a phase, at least
+log = logging.getLogger("structtorch.progress")
+
+
+@dataclass
+class _Phase:
+    name: str
+    start: float = field(default_factory=time.monotonic)
+    last: float = field(default_factory=time.monotonic)
+
+
+_CURRENT: ContextVar[_Phase | None] = ContextVar("structtorch_progress_phase", default=None)
+
+
+@contextmanager
+def phase(name: str, quiet: bool = False) -> Iterator[None]:
+    """A long phase named ``name`` (within a running phase: ``<outer> > <name>``): its loops' ``tick``s at most
+    every ``EVERY_S`` seconds; unless ``quiet``, a line when it starts and one when it ends if it took longer than
+    ``EVERY_S``."""
+    outer = _CURRENT.get()
+    current = _Phase(name if outer is None else f"{outer.name} > {name}")
+    if not quiet:
+        log.info("%s: started", current.name)
+    token = _CURRENT.set(current)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+        took = time.monotonic() - current.start
+        if took >= EVERY_S and not quiet:
+            log.info("%s: done in %.0f s", current.name, took)
+
+
+def tick(done: int, total: int | None = None, unit: str = "steps", detail: str | Callable[[], str] = "") -> None:
+    """Report that the innermost running phase has done ``done`` (of ``total``) ``unit``; logged only when
+    ``EVERY_S`` seconds have passed since the phase's last line, and only inside a phase. ``detail``: a note
+    for the line, or a function computing it (called only for a line that is logged)."""
+    current = _CURRENT.get()
+    if current is None:
+        return
+    now = time.monotonic()
+    if now - current.last < EVERY_S:
+        return
+    current.last = now
+    of = f"/{total}" if total is not None else ""
+    detail = detail() if callable(detail) else detail
+    log.info("%s: %d%s %s after %.0f s%s", current.name, done, of, unit, now - current.start,
+             f" ({detail})" if detail else "")

@@ -1,0 +1,63 @@
+"""Progress lines of long phases (``structtorch.progress``): a line when a phase starts, its loops' ticks at most
+every ``EVERY_S`` seconds, and what the learners' long phases report (structure learning, TreeCRF's edge scores,
+the first epoch of CRANK and Full)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from structtorch import progress
+from structtorch.train import run
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+LOGGER = "structtorch.progress"
+TINY = ["data.num_train=200", "data.num_test=50", "data.num_labels=4", "trainer.max_epochs=2", "logger=none",
+        "trainer.enable_progress_bar=false", "trainer.enable_checkpointing=false"]
+
+
+def lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER]
+
+
+def test_a_phase_logs_its_start_the_ticks_of_its_loops_and_its_end(caplog, monkeypatch):
+    monkeypatch.setattr(progress, "EVERY_S", 0.0)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        progress.tick(1, 2, "steps")  # outside a phase: nothing
+        with progress.phase("outer"):
+            with progress.phase("inner", quiet=True):
+                progress.tick(3, 10, "FISTA iterations", lambda: "gap 0.1")  # computed for a logged line
+            progress.tick(7)
+    assert lines(caplog) == ["outer: started", "outer > inner: 3/10 FISTA iterations after 0 s (gap 0.1)",
+                             "outer: 7 steps after 0 s", "outer: done in 0 s"]
+
+
+def test_ticks_are_logged_at_most_every_every_s_seconds(caplog):
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        with progress.phase("quick"):
+            for i in range(1000):
+                progress.tick(i, 1000)
+    assert lines(caplog) == ["quick: started"]  # no tick within EVERY_S, no end line for a short phase
+
+
+@pytest.mark.parametrize("model,first", [
+    ("tree_crf", ["TreeCRF structure (180 training examples): started",
+                  "TreeCRF structure (180 training examples) > inputs of each label (l1): started",
+                  "TreeCRF structure (180 training examples) > edge scores (dci) of 6 label pairs: started"]),
+    ("crank", ["CRANK (cccp), epoch 1: started"]),
+    ("full", ["Full (lbfgs), epoch 1: started"]),
+])
+def test_the_long_phases_of_a_run_report_progress(model, first, tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(progress, "EVERY_S", 0.0)  # every tick is logged
+    overrides = [*TINY, f"model={model}", *(["model.restarts=2"] if model == "crank" else [])]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        run(cfg, tmp_path)
+    logged = lines(caplog)
+    assert [line for line in logged if line.endswith(": started")][:len(first)] == first
+    unit = {"tree_crf": "Newton iterations", "crank": "FISTA iterations", "full": "L-BFGS iterations"}[model]
+    assert any(f" {unit} after " in line for line in logged), logged
