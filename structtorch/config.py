@@ -37,7 +37,7 @@ class ModelConfig:
     lr: float = 0.01
     lr_schedule: str = "cosine"
     tol: float = 1e-3  # relative duality gap at which a certified solver stops
-    bias_reg: float = 1e-4
+    bias_reg: Any = "auto"  # the bias's regulariser relative to l2; auto: 1 for bcfw, else 1e-4
     solver_iters: int = 200
     margin: str = "hamming"  # hamming (M3N) | zero_one (margin against the worst violator; solver bcfw or adam)
     margin_scale: float = 1.0

@@ -156,7 +156,7 @@ class _StructureSearch(FixedTree):
     def _train(self, x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor,
                start: tuple[SmoothedLBFGS, int] | None = None, iterations: int | None = None) -> SmoothedLBFGS:
         hp = self.hparams
-        return train_forests(x.to(torch.float64), y, forests, self.l2_grid[0], hp.bias_reg, hp.tol, hp.margin_scale,
+        return train_forests(x.to(torch.float64), y, forests, self.l2_grid[0], self.bias_reg, hp.tol, hp.margin_scale,
                              start, iterations, self.spin)
 
     def structure_summary(self) -> dict:

@@ -61,7 +61,7 @@ class CCCP(Strategy):
             self.full_certificate = self.train_full(x, y)
         self.loss = SmoothedHinge(self.energy, x, y, learner.l2_grid[0],  # l(w) [R]
                                   smoothed_max=LPSmoothedMax(hp.predict_iters, tol=hp.lp_tol), eps=hp.eps,
-                                  margin_scale=hp.margin_scale, bias_reg=hp.bias_reg)
+                                  margin_scale=hp.margin_scale, bias_reg=self.learner.bias_reg)
         self.v = torch.zeros_like(self.energy.edge_weight)
         self.fista = BatchedFISTA(self.loss.params, self.smooth_part, self.l1_weights())
 
@@ -72,7 +72,7 @@ class CCCP(Strategy):
             for p in self.energy.parameters():
                 p.zero_()
         full = SmoothedLBFGS(self.energy, x, y, self.learner.l2_grid[0], smoothed_max=self.learner.smoothed_max(),
-                             margin_scale=hp.margin_scale, bias_reg=hp.bias_reg, tol=hp.tol)
+                             margin_scale=hp.margin_scale, bias_reg=self.learner.bias_reg, tol=hp.tol)
         info = full.fit()
         return {"relative_gap": info.relative_gap.tolist(), "converged": info.converged.tolist()}
 

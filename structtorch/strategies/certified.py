@@ -87,7 +87,7 @@ class LBFGSStrategy(Certified):
         lam, mask = learner.grid_models(len(x))
         crf = hp.loss == "crf"
         self.solver = SmoothedLBFGS(learner.energy, x, y, lam, smoothed_max=learner.smoothed_max(),
-                                    margin_scale=0.0 if crf else hp.margin_scale, bias_reg=hp.bias_reg, tol=hp.tol,
+                                    margin_scale=0.0 if crf else hp.margin_scale, bias_reg=learner.bias_reg, tol=hp.tol,
                                     eps=1.0 if crf else None, mask=mask)
         if state is not None:  # from the checkpoint's weights, at its temperature
             self.solver.eps = torch.as_tensor(state["eps"], dtype=self.solver.eps.dtype, device=self.solver.eps.device)
@@ -136,7 +136,7 @@ class BCFWStrategy(Certified):
         self.oracle = learner.bcfw_oracle()
         loaded = [p.detach().clone() for p in learner.energy.parameters()]
         self.solver = BCFW(learner.energy, len(self.x), lam, oracle=self.oracle, margin_scale=hp.margin_scale,
-                           bias_reg=hp.bias_reg, tol=hp.tol, mask=mask, margin=hp.margin,
+                           bias_reg=learner.bias_reg, tol=hp.tol, mask=mask, margin=hp.margin,
                            averaging=hp.bcfw_averaging)  # from w = 0 = w(mu) of its starting dual point
         self.train_stats: dict[str, float] = {}
         if state is not None:  # the checkpoint's dual state and weights
