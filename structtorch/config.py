@@ -252,7 +252,8 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     enable_checkpointing: bool = True
     gradient_clip_val: Any = None
-    num_threads: Any = None  # torch intra-op threads (int); null = torch's default. Not a lightning.Trainer option.
+    num_threads: Any = "auto"  # torch intra-op threads: auto = the cores other processes leave free; an int; null =
+    # torch's default (one per core). Not a lightning.Trainer option.
 
 
 @dataclass

@@ -9,11 +9,13 @@ import dataclasses
 import inspect
 import itertools
 import json
+import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -579,3 +581,24 @@ def test_the_console_shows_the_chosen_l2_and_its_cv_curve():
           "chosen_l2": 1.0}
     table = format_metrics({"model": "fixed_tree", "data": "emotions", "cv": cv}).splitlines()
     assert table[-1] == "chosen l2                     1   (5-fold CV hamming_acc %: 0.01: 78.13  0.1: 79.07  1: 79.07)"
+
+
+def test_auto_threads_leave_the_cores_other_processes_use(tmp_path, caplog):
+    """trainer.num_threads=auto (the default) counts the other runnable processes: with one spinning process per
+    core it trains on one thread and says so; torch's thread count is what the run set."""
+    from structtorch.train import busy_cores
+
+    cores = os.cpu_count() or 1
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    threads = torch.get_num_threads()
+    try:
+        time.sleep(1.0)
+        assert busy_cores() >= cores - 1
+        with caplog.at_level(logging.INFO, logger="structtorch.train"):
+            run(small_cfg("trainer.max_epochs=1", "logger=none"), tmp_path)
+        assert "trainer.num_threads=auto: 1 torch thread (" in caplog.text
+        assert torch.get_num_threads() == 1
+    finally:
+        for p in spinners:
+            p.kill()
+        torch.set_num_threads(threads)
