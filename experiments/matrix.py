@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -128,7 +129,8 @@ def main() -> None:
     ap.add_argument("--peers", nargs="*", default=PEERS)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per cell (datasets of <= 160 labels)")
     ap.add_argument("--timeout-large", type=float, default=1200.0, help="seconds per cell above 160 labels")
-    ap.add_argument("--work", default="/tmp/structtorch_matrix", help="run directories of the cells")
+    ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "structtorch_matrix"),
+                    help="run directories of the cells")
     ap.add_argument("--update", action="store_true", help="keep the rows of <out>.csv that are not rerun")
     ap.add_argument("--out", default=str(ROOT / "experiments/results/matrix"))
     ap.add_argument("--peer", nargs=3, metavar=("NAME", "DATA", "OUT"), help=argparse.SUPPRESS)
