@@ -129,10 +129,10 @@ def test_tree_crf_recovers_the_tree_and_predicts_near_the_true_model(synthetic):
     at least 6 of the 7 true edges; 0/1 accuracy within 5 points of the true model's MAP, and at least 8
     points above independent labels (a learner that ignores the structure stays at the latter)."""
     d = synthetic.dataset
-    m = fit(TreeCRF(8, 8, inputs="aligned"), synthetic)
+    m = fit(TreeCRF(8, 8, inputs="aligned", l2=0.1), synthetic)  # the protocol it was written with (auto: 0.67)
     assert m.graph.is_tree and int((m.structure_mask & d.tree_edge_mask()).sum()) >= 6
     truth = float((tree_map(d.conditional_potentials(d.x_test))[1] == d.y_test).all(1).float().mean())
-    indep = subset_acc(fit(Independent(8, 8), synthetic), d.x_test, d.y_test)
+    indep = subset_acc(fit(Independent(8, 8, l2=0.1), synthetic), d.x_test, d.y_test)
     ours = subset_acc(m, d.x_test, d.y_test)
     assert ours >= truth - 0.05 and ours >= indep + 0.08, (ours, truth, indep)
     assert m.strategy.certificate is not None and bool(m.strategy.certificate.converged.all())
