@@ -1,0 +1,94 @@
+"""Label-dependence screen: all pairs' mutual information from one Gram matrix, each label's top partners, and
+the candidate graph structure learners choose from (complete when small)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from structtorch import Graph
+from structtorch.structure import (
+    candidate_graph,
+    label_mutual_information,
+    mutual_information_matrix,
+    top_partner_graph,
+)
+
+
+def mi_by_counting(y: torch.Tensor, i: int, j: int, K: int, smoothing: float = 1.0) -> float:
+    """I(Y_i; Y_j) from the K x K table counted example by example."""
+    counts = [[smoothing] * K for _ in range(K)]
+    for a, b in zip(y[:, i].tolist(), y[:, j].tolist()):
+        counts[a][b] += 1
+    total = sum(map(sum, counts))
+    p = [[c / total for c in row] for row in counts]
+    pi = [sum(row) for row in p]
+    pj = [sum(p[a][b] for a in range(K)) for b in range(K)]
+    return sum(p[a][b] * math.log(p[a][b] / (pi[a] * pj[b])) for a in range(K) for b in range(K))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 40), st.integers(2, 6), st.integers(2, 4), st.integers(0, 10_000))
+def test_mutual_information_matrix_equals_counting(N: int, n: int, K: int, seed: int) -> None:
+    y = torch.randint(0, K, (N, n), generator=torch.Generator().manual_seed(seed))
+    mi = mutual_information_matrix(y, K)
+    assert mi.shape == (n, n) and mi.dtype == torch.float64
+    for i, j in itertools.product(range(n), repeat=2):
+        expected = 0.0 if i == j else mi_by_counting(y, i, j, K)
+        assert mi[i, j].item() == pytest.approx(expected, abs=1e-12)
+    edges = Graph.complete(n).edges
+    torch.testing.assert_close(label_mutual_information(y, K), mi[edges[:, 0], edges[:, 1]])
+
+
+def top_partners_by_hand(scores: torch.Tensor, m: int) -> set[tuple[int, int]]:
+    n = scores.shape[0]
+    edges = set()
+    for i in range(n):
+        order = sorted((j for j in range(n) if j != i), key=lambda j: (-scores[i, j].item(), j))
+        edges |= {(min(i, j), max(i, j)) for j in order[:m]}
+    return edges
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 9), st.integers(0, 10_000), st.booleans())
+def test_top_partner_graph_is_the_union_of_each_labels_best_partners(n: int, m: int, seed: int, ties: bool) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.randint(0, 3, (n, n), generator=gen).double() if ties else torch.rand(n, n, generator=gen).double()
+    s = s + s.T
+    g = top_partner_graph(s, m)
+    got = {tuple(e) for e in g.edges.tolist()}
+    assert got == top_partners_by_hand(s, m) and g.num_edges == len(got) <= n * m
+    if m >= n - 1:
+        assert g.num_edges == n * (n - 1) // 2
+
+
+def test_candidate_graph_is_complete_while_small_and_keeps_the_planted_pairs() -> None:
+    """n <= 2m + 1: the complete graph (what the papers' learners use). Above: each label's m most dependent
+    partners, which hold the planted copies (y_{i+20} = y_i with 5% flips) and drop most other pairs."""
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randint(0, 2, (2000, 20), generator=gen)
+    flips = (torch.rand(2000, 20, generator=gen) < 0.05).long()
+    y = torch.cat([base, base ^ flips], 1)  # n = 40
+    assert candidate_graph(y[:, :5], 2).num_edges == 10 and candidate_graph(y, None).num_edges == 780
+    g = candidate_graph(y, 3)
+    edges = {tuple(e) for e in g.edges.tolist()}
+    assert all((i, i + 20) in edges for i in range(20))
+    assert g.num_edges <= 40 * 3 < 780
+
+
+def test_screen_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="y must have shape"):
+        mutual_information_matrix(torch.zeros(0, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"labels in \[0, 2\)"):
+        mutual_information_matrix(torch.tensor([[0, 2]]))
+    with pytest.raises(ValueError, match="square"):
+        top_partner_graph(torch.zeros(3, 4), 1)
+    with pytest.raises(ValueError, match="m"):
+        top_partner_graph(torch.zeros(3, 3), 0)
+    with pytest.raises(ValueError, match="m"):
+        candidate_graph(torch.zeros(4, 30, dtype=torch.long), 0)
