@@ -16,13 +16,14 @@ from structtorch.train import run
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = ["logger=none", "trainer.enable_progress_bar=false"]  # first: an experiment's overrides win
+UNBOUNDED = ["trainer.time_budget=null"]  # a paper's protocol runs to its own stopping rule, not the CLI's budget
 T = TypeVar("T")
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
-    """``conf/config.yaml`` composed with ``overrides``, without logger or progress bar."""
+    """``conf/config.yaml`` composed with ``overrides``, without logger, progress bar or time budget."""
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=[*QUIET, *overrides])
+        return compose("config", overrides=[*QUIET, *UNBOUNDED, *overrides])
 
 
 def run_config(overrides: list[str], out: Path | None = None) -> dict[str, Any]:

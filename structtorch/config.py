@@ -49,6 +49,9 @@ class M3NConfig(ModelConfig):
     """Learners of the Finley-Joachims energy (independent, fixed_tree, greedy, mst, full, crank, project)."""
 
     spin: bool = True  # pairwise w_ij s_i s_j on spins s = 2y - 1 (Ising); false: w_ij y_i y_j
+    # full, crank, project, greedy, mst choose among each label's `candidates` most dependent partners (mutual
+    # information); complete graph while n <= 2 candidates + 1, or with null
+    candidates: Any = 10
 
 
 @dataclass
@@ -254,6 +257,8 @@ class TrainerConfig:
     gradient_clip_val: Any = None
     num_threads: Any = "auto"  # torch intra-op threads: auto = the cores other processes leave free; an int; null =
     # torch's default (one per core). Not a lightning.Trainer option.
+    time_budget: Any = 720  # seconds of wall clock for the fit (structure learning included): training stops there,
+    # certified or saying it is not; null: no budget. Not a lightning.Trainer option.
 
 
 @dataclass

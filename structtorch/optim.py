@@ -153,13 +153,15 @@ class BatchedLBFGS:
 
     def run(self, max_iter: int, gtol: float | torch.Tensor = 0.0, ftol: float | None = None) -> torch.Tensor:
         """Step every model until its gradient norm is <= ``gtol`` (a float or [M]), its line search stalls, its
-        value changes by less than ``ftol`` in an iteration (None: no such rule), or ``max_iter`` iterations.
-        Returns bool [M]: the models whose gradient norm is <= gtol."""
+        value changes by less than ``ftol`` in an iteration (None: no such rule), ``max_iter`` iterations, or the
+        run's time budget is spent (``progress.time_budget``). Returns bool [M]: the models whose gradient norm
+        is <= gtol."""
         active = self.grad.norm(dim=1) > gtol
         for i in range(max_iter):
             if not bool(active.any()):
                 break
-            tick(i, max_iter, "L-BFGS iterations")
+            if not tick(i, max_iter, "L-BFGS iterations"):
+                break
             before = self.value
             active &= ~self.step(active) & (self.grad.norm(dim=1) > gtol)
             if ftol is not None:

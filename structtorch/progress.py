@@ -6,6 +6,11 @@ into a log line at most every ``EVERY_S`` seconds: ``<phase>: 37/100 FISTA itera
 when it starts and, when it took longer than ``EVERY_S``, when it ends (a ``quiet`` one only names the ticks of its
 loops). The CLI shows the ``structtorch`` loggers on the console and in train.log; a library user sees them once
 logging is configured at INFO.
+
+A run may have a wall-clock budget (``with time_budget(720):``, the CLI's ``trainer.time_budget``): ``tick``
+returns False once it is spent, and the loops that tick stop there (``out_of_time`` says the same without a tick).
+In a multi-process (distributed) run the loops never stop on their own, since every process must take the same
+steps; the learner stops all of them together at an epoch's end.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-__all__ = ["EVERY_S", "phase", "tick"]
+__all__ = ["EVERY_S", "out_of_time", "phase", "tick", "time_budget"]
 
 EVERY_S = 15.0  #: seconds between two progress lines of a phase, at least
 log = logging.getLogger("structtorch.progress")
@@ -31,6 +36,34 @@ class _Phase:
 
 
 _CURRENT: ContextVar[_Phase | None] = ContextVar("structtorch_progress_phase", default=None)
+_DEADLINE: ContextVar[float | None] = ContextVar("structtorch_deadline", default=None)  # time.monotonic() value
+
+
+@contextmanager
+def time_budget(seconds: float | None) -> Iterator[None]:
+    """Inside the block, ``out_of_time()`` (and so ``tick``'s answer) turns once ``seconds`` have passed; None: no
+    budget. Blocks nest (the inner one's deadline holds inside it)."""
+    deadline = None if seconds is None else time.monotonic() + float(seconds)
+    token = _DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def out_of_time(distributed: bool = False) -> bool:
+    """True once the running ``time_budget`` is spent. In a multi-process distributed run, False unless
+    ``distributed`` (the caller then agrees with the other processes: see the module docstring)."""
+    deadline = _DEADLINE.get()
+    if deadline is None or time.monotonic() < deadline:
+        return False
+    return distributed or not _multi_process()
+
+
+def _multi_process() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 @contextmanager
@@ -52,18 +85,21 @@ def phase(name: str, quiet: bool = False) -> Iterator[None]:
             log.info("%s: done in %.0f s", current.name, took)
 
 
-def tick(done: int, total: int | None = None, unit: str = "steps", detail: str | Callable[[], str] = "") -> None:
+def tick(done: int, total: int | None = None, unit: str = "steps", detail: str | Callable[[], str] = "") -> bool:
     """Report that the innermost running phase has done ``done`` (of ``total``) ``unit``; logged only when
     ``EVERY_S`` seconds have passed since the phase's last line, and only inside a phase. ``detail``: a note
-    for the line, or a function computing it (called only for a line that is logged)."""
+    for the line, or a function computing it (called only for a line that is logged). Returns False once the
+    running ``time_budget`` is spent (the loop should stop), else True."""
+    going = not out_of_time()
     current = _CURRENT.get()
     if current is None:
-        return
+        return going
     now = time.monotonic()
     if now - current.last < EVERY_S:
-        return
+        return going
     current.last = now
     of = f"/{total}" if total is not None else ""
     detail = detail() if callable(detail) else detail
     log.info("%s: %d%s %s after %.0f s%s", current.name, done, of, unit, now - current.start,
              f" ({detail})" if detail else "")
+    return going

@@ -6,12 +6,12 @@ Every single run of ``python -m structtorch.train`` (not the jobs of a ``-m`` sw
 another directory is found there; runs under this run's output folder (``outputs/`` of the current directory) are
 searched too, so older runs and a read-only cache still work.
 
-The resume key is the run's whole resolved configuration except ``RUN_ONLY``: what does not change the model
-being trained. ``ckpt_path`` / ``resume`` say how a run starts, ``trainer.max_epochs`` is a cap (raising it is why
-one resumes), the progress bar, logging interval, logger, checkpointing and ``test`` change what a run shows or
-writes, and the accelerator, devices, nodes, strategy, threads, ``fused`` and ``data.num_workers`` change where and
-how fast it runs (DDP splits the same global batch; the fused kernels equal the eager passes). Everything else
-must be equal, the data's ``root`` compared as an absolute path.
+The resume key is the run's whole resolved configuration except ``RUN_ONLY``: what does not change the model being
+trained. ``ckpt_path`` / ``resume`` say how a run starts, ``trainer.max_epochs`` and ``trainer.time_budget`` are
+caps (raising one is why one resumes), the progress bar, logging interval, logger, checkpointing and ``test`` change
+what a run shows or writes, and the accelerator, devices, nodes, strategy, threads, ``fused`` and
+``data.num_workers`` change where and how fast it runs (DDP splits the same global batch; the fused kernels equal
+the eager passes). Everything else must be equal, the data's ``root`` compared as an absolute path.
 
 Among the runs whose key equals this run's and that hold ``checkpoints/last.ckpt``, a run that a later one resumed
 is superseded by it; exactly one must remain, or ``ckpt_path=last`` refuses, listing the candidates.
@@ -36,7 +36,7 @@ __all__ = ["RUN_ONLY", "find_last_checkpoint", "record_run", "resume_key", "runs
 log = logging.getLogger("structtorch.runs")
 
 RUN_ONLY = frozenset({
-    "ckpt_path", "resume", "logger", "test", "fused", "data.num_workers", "trainer.max_epochs",
+    "ckpt_path", "resume", "logger", "test", "fused", "data.num_workers", "trainer.max_epochs", "trainer.time_budget",
     "trainer.enable_progress_bar", "trainer.log_every_n_steps", "trainer.enable_checkpointing", "trainer.accelerator",
     "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.num_threads",
 })

@@ -39,9 +39,11 @@ from omegaconf import DictConfig, OmegaConf
 from .config import describe_config_error, register_configs
 from .data import DenoisingDataModule, MultilabelDataModule, SyntheticDataModule, TreeCRFSyntheticDataModule
 from .data.download import DownloadError
+from .graph import check_float
 from .inference import backend
 from .learners import LEARNERS, StructuredLearner
 from .plots import close_figure
+from .progress import time_budget
 from .runs import find_last_checkpoint, record_run
 
 register_configs()
@@ -195,6 +197,10 @@ def busy_cores(samples: int = 5, interval: float = 0.05) -> int:
 
 def _trainer(cfg: DictConfig, out: Path, run_name: str) -> L.Trainer:
     kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
+    try:
+        _budget(kwargs.pop("time_budget"))  # structtorch's own (``progress.time_budget``), applied around the fit
+    except ValueError as err:
+        raise UserError(str(err)) from err
     threads = kwargs.pop("num_threads")
     if threads == "auto":
         busy = busy_cores()
@@ -252,7 +258,8 @@ def _run(cfg: DictConfig, out: Path, record: bool) -> dict[str, Any]:
             found = " (ckpt_path=last: the one earlier run of this configuration)" if cfg.ckpt_path == "last" else ""
             log.info("resuming from %s%s", ckpt, found)
     t0 = time.perf_counter()
-    trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
+    with time_budget(_budget(cfg.trainer.time_budget)):
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
     metrics: dict[str, Any] = {"train_seconds": time.perf_counter() - t0}
     metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")})
     if cfg.test:
@@ -274,6 +281,13 @@ def _run(cfg: DictConfig, out: Path, record: bool) -> dict[str, Any]:
         log.info("metrics: %s; pictures: %s", out / "metrics.json", ", ".join(
             str(out / f) for f in ("structure.png", "per_label.png") if (out / f).exists()))
     return metrics
+
+
+def _budget(seconds: Any) -> float | None:
+    """trainer.time_budget as seconds (None: no budget); a clear error for anything but null or a number > 0."""
+    if seconds is None:
+        return None
+    return check_float(seconds, "trainer.time_budget", 0.0, expected="null or a number of seconds > 0")
 
 
 def _save_figures(model: StructuredLearner, out: Path, tested: bool) -> None:
@@ -306,13 +320,18 @@ def _solver_row(solver: dict[str, Any]) -> str:
     epochs = f"{solver['epochs']} epoch{'' if solver['epochs'] == 1 else 's'}"
     if "relative_gap" in solver:
         done = all(solver["converged"]) if isinstance(solver["converged"], list) else solver["converged"]
-        verdict = "certified" if done else "NOT certified (raise trainer.max_epochs to reach model.tol)"
+        verdict = "certified" if done else f"NOT certified (raise {_cap(solver)} to reach model.tol)"
         return (f"{'duality gap':<22} {_worst(solver['relative_gap']):8.1e}   ({solver['solver']}, "
                 f"tol {solver['tol']:g}, {epochs}): {verdict}")
     if "converged" in solver:
-        return (f"{'stopping rule':<22} {'met' if solver['converged'] else 'NOT met (stopped at max_epochs)'}   "
+        return (f"{'stopping rule':<22} {'met' if solver['converged'] else f'NOT met (stopped at {_cap(solver)})'}   "
                 f"({solver['solver']}, {epochs})")
     return f"{'training':<22} {solver['solver']}, {epochs}: no certificate or stopping rule (runs trainer.max_epochs)"
+
+
+def _cap(solver: dict[str, Any]) -> str:
+    """The limit that stopped an unfinished training: the time budget or max_epochs."""
+    return "trainer.time_budget" if solver.get("stopped_by") == "time_budget" else "trainer.max_epochs"
 
 
 def _worst(value: float | list[float]) -> float:

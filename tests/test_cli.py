@@ -198,3 +198,20 @@ def test_a_sweep_through_the_submitit_launcher_writes_the_summary(tmp_path):
     assert [row.split(" | ")[1:3] for row in summary[2:]] == [
         ["model=independent data=emotions trainer.max_epochs=1 trainer.enable_progress_bar=False", "ok"],
         ["model=fixed_tree data=emotions trainer.max_epochs=1 trainer.enable_progress_bar=False", "ok"]]
+
+
+# ---------------------------------------------------------------------- the time budget (issue 32: bounded time)
+def test_the_time_budget_ends_training_and_the_console_says_not_certified(tmp_path):
+    """trainer.time_budget bounds the fit: Full, which certifies in ~a minute here, stops after ~3 s of training
+    and says so on the console and in metrics.json; a budget of 0 is a one-line error."""
+    import json
+
+    proc = user_cli(tmp_path, "model=full", "data.num_labels=8", "data.num_train=2000", "trainer.max_epochs=1000",
+                    "trainer.time_budget=3")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert re.search(r"^duality gap .*\(lbfgs, tol 0\.001, \d+ epochs?\): NOT certified \(raise "
+                     r"trainer\.time_budget to reach model\.tol\)$", proc.stdout, flags=re.M), proc.stdout[-3000:]
+    metrics = json.loads(next(tmp_path.glob("outputs/*/*/metrics.json")).read_text())
+    assert metrics["solver"]["stopped_by"] == "time_budget" and not metrics["solver"]["converged"]
+    line = error_line(user_cli(tmp_path, "trainer.time_budget=0", *TINY))
+    assert line.startswith("error: trainer.time_budget must be null or a number of seconds > 0, got 0"), line

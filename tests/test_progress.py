@@ -61,3 +61,38 @@ def test_the_long_phases_of_a_run_report_progress(model, first, tmp_path, caplog
     assert [line for line in logged if line.endswith(": started")][:len(first)] == first
     unit = {"tree_crf": "Newton iterations", "crank": "FISTA iterations", "full": "L-BFGS iterations"}[model]
     assert any(f" {unit} after " in line for line in logged), logged
+
+
+# ---------------------------------------------------------------------- the run's time budget
+def test_a_time_budget_turns_tick_and_out_of_time_once_spent(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    assert progress.tick(1) and not progress.out_of_time()  # no budget
+    with progress.time_budget(10):
+        assert progress.tick(1) and not progress.out_of_time()
+        now[0] = 109.9
+        assert progress.tick(2)
+        with progress.time_budget(None):  # an inner block without a budget
+            now[0] = 200.0
+            assert progress.tick(3) and not progress.out_of_time()
+        assert not progress.tick(4) and progress.out_of_time() and progress.out_of_time(distributed=True)
+    assert progress.tick(5) and not progress.out_of_time()  # restored on exit
+
+
+def test_loops_and_the_greedy_search_stop_when_the_budget_is_spent():
+    """A spent budget stops L-BFGS at once (certificate not reached) and Greedy keeps the forest found so far."""
+    import torch
+
+    from structtorch.data import crank_synthetic
+    from structtorch.learners import Greedy
+    from structtorch.learners.baselines import train_forests
+
+    d = crank_synthetic(200, 10, 5, 3, seed=0)
+    forests = torch.zeros(1, 10, dtype=torch.bool)
+    with progress.time_budget(0):
+        solver = train_forests(d.x_train.double(), d.y_train, forests, 0.01)
+        model = Greedy(3, 5, l2=0.01)
+        model.resolve_l2(200)
+        assert not bool(model.build_structure(d.x_train, d.y_train).any())
+    assert solver.iterations == 0 and not bool(solver.last.converged.all())
+    assert bool(train_forests(d.x_train.double(), d.y_train, forests, 0.01).last.converged.all())

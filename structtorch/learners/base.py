@@ -30,7 +30,7 @@ from ..losses import crf_nll, map_value, smoothed_lp_hinge, structured_hinge, ze
 from ..metrics import ExampleF1, HammingAccuracy, PerLabelCounts, SubsetAccuracy, multilabel_metrics
 from ..plots import close_figure, per_label_figure, structure_figure
 from ..potentials import Potentials
-from ..progress import phase
+from ..progress import out_of_time, phase
 from ..solvers import BCFW, Oracle, SmoothedMax, tree_oracle, tree_smoothed_max
 from ..strategies import SOLVERS, Strategy, solver_strategy
 
@@ -135,6 +135,8 @@ class StructuredLearner(L.LightningModule):
         if label_names is not None and len(label_names) != num_labels:
             raise ValueError(f"label_names must name the {num_labels} labels, got {len(label_names)} names")
         self.save_hyperparameters(ignore=["energy"])
+        # [E, 2]: the candidate label graph chosen from the training set (``build_candidates``), once chosen
+        self.register_buffer("candidate_edges", torch.zeros(0, 2, dtype=torch.long))
         self.energy = energy if energy is not None else self.build_energy()
         self.register_buffer("structure_mask", torch.zeros(0, dtype=torch.bool))  # [E candidate] once learned
         # the model that predicts (grid: index into the batched models; chosen by cross-validation)
@@ -149,6 +151,7 @@ class StructuredLearner(L.LightningModule):
         self._strategy_state: dict[str, Any] | None = None  # from a checkpoint, handed to the strategy at fit start
         self._epoch_phase = ExitStack()  # the running epoch's progress phase (``structtorch.progress``)
         self._first_epoch = 0  # the first epoch of the current fit (a resumed fit starts later)
+        self.stopped_by: str | None = None  # "time_budget" when the run's budget ended training
 
     # ------------------------------------------------------------------ what subclasses supply
     def build_energy(self) -> Energy:
@@ -159,6 +162,26 @@ class StructuredLearner(L.LightningModule):
         """The labels y [B, n] as the energy's graph holds them (what the training loss compares with); the
         identity, except for learners whose graph copies the labels (MAM: one copy per tree)."""
         return y
+
+    def build_candidates(self, x: torch.Tensor, y: torch.Tensor) -> Graph | None:
+        """The candidate label graph the structure is chosen from, from the training set x [N, D], y [N, n]
+        (e.g. each label's most dependent partners, ``structure.candidate_graph``); None (default): the graph
+        ``build_energy`` built. A new graph rebuilds the energy on it (``set_candidates``) before
+        ``build_structure``."""
+        return None
+
+    def set_candidates(self, graph: Graph) -> None:
+        """Rebuild the energy (fresh weights) on the candidate ``graph``, whose edges are kept in the checkpoint
+        (``candidate_edges``); ``build_energy`` reads them through ``candidate_graph``. Learners holding other
+        per-edge state rebuild it too."""
+        self.candidate_edges = graph.edges.reshape(-1, 2).clone().to(self.candidate_edges.device)
+        self.energy = self.build_energy().to(self.device)
+
+    def candidate_graph(self) -> Graph | None:
+        """The candidate graph chosen from the training set (``set_candidates``), None before."""
+        if not self.candidate_edges.numel():
+            return None
+        return Graph(self.hparams.num_labels, self.candidate_edges.cpu())
 
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """The edges to keep, bool [E] over ``self.energy.graph`` (the candidate graph), chosen from the
@@ -310,12 +333,23 @@ class StructuredLearner(L.LightningModule):
     def on_train_epoch_end(self) -> None:
         if self.strategy.epoch_end():
             self.trainer.should_stop = True
+        elif self.trainer.strategy.reduce_boolean_decision(out_of_time(distributed=True), all=False):
+            self.stopped_by = "time_budget"  # every process stops at this epoch's end (any one out of time)
+            self.trainer.should_stop = True
         self._epoch_phase.close()
+
+    def training_cap(self) -> str:
+        """What ended training before a certificate or stopping rule: "trainer.time_budget" (the run's wall-clock
+        budget, ``progress.time_budget``) or "trainer.max_epochs=<n>"."""
+        if self.stopped_by == "time_budget":
+            return "trainer.time_budget"
+        return f"trainer.max_epochs={self.trainer.max_epochs if self._trainer is not None else '?'}"
 
     def solver_report(self) -> dict[str, Any]:
         """How training ended, for metrics.json: the solver, (certified solvers) its last certificate and the l2
         it trained with."""
-        return self.strategy.report() | ({"l2": self.l2_grid} if self._l2_grid is not None else {})
+        report = self.strategy.report() | ({"l2": self.l2_grid} if self._l2_grid is not None else {})
+        return report | ({"stopped_by": self.stopped_by} if self.stopped_by else {})
 
     # ------------------------------------------------------------------ structure
     @property
@@ -352,9 +386,14 @@ class StructuredLearner(L.LightningModule):
         names, w = self.label_names, self.structure_weights()
         edges = self.graph.edges.reshape(-1, 2).tolist()
         weights = [None] * len(edges) if w is None else w.reshape(-1).tolist()
-        return {"num_edges": len(edges), "is_forest": bool(self.graph.is_forest),
-                "edges": [[names[a], names[b], None if v is None else round(v, 6)]
-                          for (a, b), v in zip(edges, weights)]}
+        summary = {"num_edges": len(edges), "is_forest": bool(self.graph.is_forest),
+                   "edges": [[names[a], names[b], None if v is None else round(v, 6)]
+                             for (a, b), v in zip(edges, weights)]}
+        candidates = self.candidate_graph()
+        if candidates is not None:
+            summary["candidates"] = {"num_edges": candidates.num_edges,
+                                     "edges": [[names[a], names[b]] for a, b in candidates.edges.tolist()]}
+        return summary
 
     def structure_figure(self):
         """A matplotlib Figure of the learned label structure (labels by name, edges weighted)."""
@@ -387,6 +426,13 @@ class StructuredLearner(L.LightningModule):
         if self.hparams.l2 == "auto":
             l2 = self.resolve_l2(len(x))[0]
             rank_zero_info(f"model.l2=auto: lambda = {self.auto_l2:g} / {len(x)} training examples = {l2:.4g}")
+        if not self.structure_mask.numel() and not self.candidate_edges.numel():
+            candidates = self.build_candidates(x, y)
+            if candidates is not None and not torch.equal(candidates.edges, self.graph.edges):
+                self.set_candidates(candidates)
+                n = candidates.num_nodes
+                rank_zero_info(f"{type(self).__name__}: candidate graph of {candidates.num_edges} of the "
+                               f"{n * (n - 1) // 2} label pairs")
         if self.structure_mask.numel() or type(self).build_structure is StructuredLearner.build_structure:
             return
         with phase(f"{type(self).__name__} structure ({len(y)} training examples)"):
@@ -402,6 +448,9 @@ class StructuredLearner(L.LightningModule):
         """Re-apply the checkpoint's structure before its weights are loaded (shapes must match); keep the
         strategy's state for the fit start."""
         self._strategy_state = checkpoint.get("structtorch", {}).get("solver")
+        edges = checkpoint.get("state_dict", {}).get("candidate_edges")
+        if edges is not None and edges.numel() and not torch.equal(edges.cpu(), self.candidate_edges.cpu()):
+            self.set_candidates(Graph(self.hparams.num_labels, edges.cpu()))
         saved = checkpoint.get("state_dict", {}).get("structure_mask")
         saved = torch.zeros(0, dtype=torch.bool) if saved is None else saved.cpu()
         if torch.equal(saved, self.structure_mask.cpu()):

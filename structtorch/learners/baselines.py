@@ -11,10 +11,11 @@ from ..energies import FinleyJoachimsEnergy
 from ..graph import Graph, check_int
 from ..inference import lp_map, smoothed_lp
 from ..potentials import Potentials
+from ..progress import out_of_time
 from ..solvers import ForestSmoothedMax, LPSmoothedMax, Oracle, SmoothedLBFGS, SmoothedMax, smoothed_oracle
 from ..state import ExampleState
 from ..structure import circuit_rank, max_spanning_tree
-from ..structure.edge_scores import chow_liu_tree
+from ..structure.edge_scores import candidate_graph, chow_liu_tree
 from .base import StructuredLearner
 
 log = logging.getLogger(__name__)
@@ -30,18 +31,40 @@ class M3N(StructuredLearner):
         spin: pairwise scores w_ij s_i s_j on spins s = 2y - 1 (Ising couplings, the default); False: the
             paper's w_ij y_i y_j. The same score functions once the biases are included, but l2 prices a
             coupling 16 times less with spins (``FinleyJoachimsEnergy``).
+        candidates: m, the label pairs a structure search (Full, CRANK, Project, Greedy, MST) chooses among: each
+            label's m most dependent partners by mutual information on the training labels
+            (``structure.candidate_graph``, at most n m pairs), chosen when fitting starts; the complete graph
+            while n <= 2 m + 1 (every label set of the papers at the default 10) or with None.
         Other args as ``StructuredLearner``.
     """
 
-    def __init__(self, num_features: int, num_labels: int, spin: bool = True, **kwargs) -> None:
-        self.spin = spin  # read by build_energy, called in StructuredLearner.__init__ (the energy checks it)
+    #: True for learners that choose their edges among candidates (Full, CRANK, Project, Greedy, MST)
+    searches_structure = False
+
+    def __init__(self, num_features: int, num_labels: int, spin: bool = True, candidates: int | None = 10,
+                 **kwargs) -> None:
+        if candidates is not None:
+            check_int(candidates, "model.candidates", 1, expected="None or an int >= 1")
+        self.spin, self.candidates = spin, candidates  # read by build_energy, called in StructuredLearner.__init__
         super().__init__(num_features, num_labels, **kwargs)
-        self.save_hyperparameters({"spin": spin})
+        self.save_hyperparameters({"spin": spin, "candidates": candidates})
 
     def m3n_energy(self, graph: Graph, num_models: int | None) -> FinleyJoachimsEnergy:
         """The Finley-Joachims energy of these features and labels on ``graph``."""
         return FinleyJoachimsEnergy(self.hparams.num_features, self.hparams.num_labels, graph, num_models=num_models,
                                     spin=self.spin)
+
+    def label_graph(self) -> Graph:
+        """The graph a structure search chooses from: the candidate graph once chosen from the training labels;
+        before that the complete graph while it is the candidate graph anyway (n <= 2 m + 1), else no edges."""
+        n, chosen = self.hparams.num_labels, self.candidate_graph()
+        if chosen is not None:
+            return chosen
+        return Graph.complete(n) if self.candidates is None or n <= 2 * self.candidates + 1 else Graph.empty(n)
+
+    def build_candidates(self, x: torch.Tensor, y: torch.Tensor) -> Graph | None:
+        """Each label's ``candidates`` most dependent partners (``candidate_graph``) for a structure search."""
+        return candidate_graph(y, self.candidates) if self.searches_structure else None
 
 
 class Independent(M3N):
@@ -104,17 +127,18 @@ def edge_mask(sub: Graph, candidate: Graph) -> torch.Tensor:
 
 def train_forests(x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor, lam: float, bias_reg: float = 1e-4,
                   tol: float = 1e-3, margin_scale: float = 1.0, start: tuple[SmoothedLBFGS, int] | None = None,
-                  iterations: int | None = None, spin: bool = False) -> SmoothedLBFGS:
+                  iterations: int | None = None, spin: bool = False, graph: Graph | None = None) -> SmoothedLBFGS:
     """M3N on each of M forests, all trained as one batched model to a relative duality gap <= tol.
 
-    x [N, D], y [N, n] long; forests: bool [M, E] over ``Graph.complete(n)``'s edges, each row a forest.
+    x [N, D], y [N, n] long; forests: bool [M, E] over ``graph``'s edges (default ``Graph.complete(n)``), each
+    row a forest.
     start: (solver, m) of an earlier call: every model starts from its model m (weights, zero on the edges
     outside m's forest, and temperature), e.g. a forest grown by one edge starts from the forest's
     optimum. iterations: instead of certifying at tol, that many L-BFGS iterations at the starting
     temperature, then one certificate. spin: as ``FinleyJoachimsEnergy``. Returns the solver (``.last``: the
     certificate [M], ``.energy``: the weights; exact tree inference per model: ``ForestSmoothedMax``)."""
     n = y.shape[1]
-    graph = Graph.complete(n)
+    graph = Graph.complete(n) if graph is None else graph
     energy = FinleyJoachimsEnergy(x.shape[1], n, graph, num_models=forests.shape[0], spin=spin).to(torch.float64)
     energy.edge_mask.copy_(forests)
     if start is not None:
@@ -144,7 +168,9 @@ def forest_objectives(x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor, l
 
 
 class _StructureSearch(FixedTree):
-    """A FixedTree whose tree is found by training candidate forests (CRANK's Sec. 6 baselines)."""
+    """A FixedTree whose tree is found by training forests of the candidate graph (CRANK's Sec. 6 baselines)."""
+
+    searches_structure = True
 
     def __init__(self, num_features: int, num_labels: int, **kwargs) -> None:
         super().__init__(num_features, num_labels, **kwargs)
@@ -153,11 +179,14 @@ class _StructureSearch(FixedTree):
                              f"forests as the batched models)")
         self.search_log: list[dict] = []
 
+    def build_energy(self) -> FinleyJoachimsEnergy:
+        return self.m3n_energy(self.label_graph(), self.num_models)
+
     def _train(self, x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor,
                start: tuple[SmoothedLBFGS, int] | None = None, iterations: int | None = None) -> SmoothedLBFGS:
         hp = self.hparams
         return train_forests(x.to(torch.float64), y, forests, self.l2_grid[0], self.bias_reg, hp.tol, hp.margin_scale,
-                             start, iterations, self.spin)
+                             start, iterations, self.spin, self.energy.graph)
 
     def structure_summary(self) -> dict:
         """The learned tree and the search that found it (objectives per step / per edge)."""
@@ -185,7 +214,8 @@ class Greedy(_StructureSearch):
     Each step trains every candidate (the current forest plus one edge) as one model of a batch, all started
     from the current forest's certified optimum (the new edge at 0, so each starts at the current objective)
     for ``search_iters`` L-BFGS iterations, and ranks them by their objective; the best one is trained on to
-    its certificate (the next step's start) and added if its certified objective is below the current one.
+    its certificate (the next step's start) and added if its certified objective is below the current one. A run
+    whose time budget is spent (``trainer.time_budget``) keeps the forest found so far.
 
     Args:
         search_iters: L-BFGS iterations per candidate of a step (from the common start).
@@ -203,6 +233,9 @@ class Greedy(_StructureSearch):
         chosen = self._train(x, y, forest[None])
         self.search_log = [{"edges": 0, "objective": float(chosen.last.primal[0])}]
         while True:
+            if out_of_time():
+                log.warning("Greedy: the run's time budget is spent; the search stops at %d edges", int(forest.sum()))
+                return forest
             grown = forest[None] | torch.eye(graph.num_edges, dtype=torch.bool)
             candidates = (~forest & (circuit_rank(grown, graph) == 0)).nonzero()[:, 0]  # edges that keep a forest
             if not len(candidates):
@@ -235,8 +268,11 @@ class Full(M3N):
             Adam path's warm-started ``smoothed_lp``; solver="lbfgs" lowers eps itself, solver="bcfw" uses
             eps as its oracle's smoothing).
         predict_eps / predict_iters: the same for prediction (cold start).
-        test_inference: "smoothed_lp" or "lp_map". Other args as ``M3N``.
+        test_inference: "smoothed_lp" or "lp_map". Other args as ``M3N`` (model.candidates: the graph of each
+            label's most dependent partners instead of the complete graph once the labels are many).
     """
+
+    searches_structure = True
 
     def __init__(self, num_features: int, num_labels: int, eps: float = 0.01, iters: int = 20, lp_tol: float = 1e-4,
                  predict_eps: float = 0.005, predict_iters: int = 300, test_inference: str = "smoothed_lp",
@@ -245,11 +281,20 @@ class Full(M3N):
             raise ValueError(f"Full: test_inference must be 'smoothed_lp' or 'lp_map', got {test_inference!r}")
         super().__init__(num_features, num_labels, test_inference=self._predict_labels, **kwargs)
         self.save_hyperparameters({"test_inference": test_inference})
-        self.example_state = ExampleState()  # checkpointed, identical on every process
-        self.example_state.add("messages", (self.energy.graph.num_edges, 2, 2))  # [N_train, E, 2, K] warm starts
+        self.example_state = self._message_state()
 
     def build_energy(self) -> FinleyJoachimsEnergy:
-        return self.m3n_energy(Graph.complete(self.hparams.num_labels), self.num_models)
+        return self.m3n_energy(self.label_graph(), self.num_models)
+
+    def set_candidates(self, graph: Graph) -> None:
+        super().set_candidates(graph)
+        self.example_state = self._message_state().to(self.device)
+
+    def _message_state(self) -> ExampleState:
+        """Warm-start messages [N_train, E, 2, K] of the energy's graph (checkpointed, identical on every process)."""
+        state = ExampleState()
+        state.add("messages", (self.energy.graph.num_edges, 2, 2))
+        return state
 
     def smoothed_max(self) -> SmoothedMax:
         """The smoothed LP relaxation (cold start, ``predict_iters`` sweeps): certifies the LP-relaxed hinge."""

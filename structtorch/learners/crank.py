@@ -57,13 +57,17 @@ class CRANK(Full):
 
     def _starting_points(self) -> FinleyJoachimsEnergy:
         hp = self.hparams
-        energy = self.m3n_energy(Graph.complete(hp.num_labels), hp.restarts).to(torch.float64)
+        energy = self.m3n_energy(self.label_graph(), hp.restarts).to(torch.float64)
         gen = torch.Generator().manual_seed(hp.seed)
         with torch.no_grad():
             for p in energy.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * hp.init_scale)
                 p[0] = 0.0
         return energy
+
+    def set_candidates(self, graph: Graph) -> None:
+        super().set_candidates(graph)
+        self.restart_energy = self._starting_points().to(self.device)
 
     def build_strategy(self) -> CCCP:
         return CCCP(self)

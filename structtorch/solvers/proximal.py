@@ -120,12 +120,14 @@ class BatchedFISTA:
         return residual
 
     def run(self, iterations: int, rel_tol: float = 1e-6, patience: int = 5) -> torch.Tensor:
-        """Up to ``iterations`` steps; a model stops once its F decreased by less than rel_tol |F| in
-        ``patience`` consecutive iterations. Returns F [M] at the final iterate (left in ``params``)."""
+        """Up to ``iterations`` steps (fewer once the run's time budget is spent); a model stops once its F decreased
+        by less than rel_tol |F| in ``patience`` consecutive iterations. Returns F [M] at the final iterate
+        (left in ``params``)."""
         active = torch.ones(self.M, dtype=torch.bool, device=self.c.device)
         calm = torch.zeros(self.M, dtype=torch.long, device=self.c.device)
         for i in range(iterations):
-            tick(i, iterations, "FISTA iterations")
+            if not tick(i, iterations, "FISTA iterations"):
+                break
             before = self.F.clone()
             self.step(active)
             small = (before - self.F) <= rel_tol * self.F.abs().clamp_min(math.ulp(1.0))

@@ -38,7 +38,7 @@ from ..inference import smoothed_lp, tree_logz, tree_map
 from ..losses import hamming_margin
 from ..optim import BatchedLBFGS
 from ..potentials import Potentials
-from ..progress import tick
+from ..progress import out_of_time, tick
 from ..structure.circuit_rank import circuit_rank
 from ..structure.spanning import max_spanning_tree
 from .bcfw import check_lam, check_mask, lift_models, one_hot_marginals
@@ -94,9 +94,10 @@ class ForestSmoothedMax:
     """Exact smoothed max for M models on one candidate graph, model m restricted to its own forest.
 
     forests: bool [M, E] over ``graph``'s edges, each row a forest. Model m's forest is padded to the
-    largest forest's size k (at least 1) with zero-weight edges of a spanning tree containing it (which
-    change no score and close no cycle), and the M forests of k edges are one ensemble graph, so a single
-    ``tree_logz`` call is exact for every model (``exact`` is the same with ``tree_map``) and costs k edges
+    largest forest's size k (at least 1) with zero-weight edges of a spanning forest of ``graph`` containing
+    it (which change no score and close no cycle; ``graph`` needs an edge), and the M forests of k edges are
+    one ensemble graph, so a single ``tree_logz`` call is exact for every model (``exact`` is the same with
+    ``tree_map``) and costs k edges
     per model, not n - 1.
     Potentials passed in are the candidate graph's [M, N] (an energy with ``num_models=M``); the weights
     of edges outside model m's forest get no gradient from the data term.
@@ -108,10 +109,8 @@ class ForestSmoothedMax:
                              f"{tuple(forests.shape)}")
         if bool((circuit_rank(forests.cpu(), graph) > 0).any()):
             raise ValueError("every row of forests must be a forest (no cycle)")
-        n, M = graph.num_nodes, forests.shape[0]
+        n = graph.num_nodes
         spanning = max_spanning_tree(forests.to(torch.float64) + 1.0, graph)  # forest edges first
-        if int(spanning.sum()) != M * (n - 1):
-            raise ValueError("ForestSmoothedMax needs a connected candidate graph (e.g. Graph.complete(n))")
         self.graph = graph
         k = max(1, int(forests.sum(1).max()))
         order = (2 * forests.long() + spanning.long()).sort(dim=1, descending=True, stable=True).indices
@@ -330,7 +329,8 @@ class SmoothedLBFGS(SmoothedHinge):
                 break  # every model certified or stalled at this temperature: time to certify again
             active &= ~self.opt.step(active)
             self.iterations += 1
-            tick(self.iterations, self.until, "L-BFGS iterations", self._gap_note)
+            if not tick(self.iterations, self.until, "L-BFGS iterations", self._gap_note):
+                break  # the run's time budget is spent
         self.write_back()
 
     def certify(self) -> GapInfo:
@@ -357,9 +357,10 @@ class SmoothedLBFGS(SmoothedHinge):
         self.opt.reset(lower)
 
     def fit(self, max_iter: int = 10000, check_every: int = 20) -> GapInfo:
-        """Run until every model is certified (relative gap <= tol) or ``max_iter`` iterations."""
+        """Run until every model is certified (relative gap <= tol), ``max_iter`` iterations, or the run's time
+        budget is spent (``progress.time_budget``)."""
         info, idle, self.until = self.certify(), 0, max_iter
-        while not bool(info.converged.all()) and self.iterations < max_iter and idle < 2:
+        while not bool(info.converged.all()) and self.iterations < max_iter and idle < 2 and not out_of_time():
             before = self.iterations
             self.run(min(check_every, max_iter - self.iterations))
             idle = idle + 1 if self.iterations == before else 0  # stalled even after a new temperature: give up

@@ -149,6 +149,6 @@ class CCCP(Strategy):
         learner = self.learner
         if learner.graph.is_forest:
             return None
-        return (f"{type(learner).__name__} stopped at max_epochs={learner.trainer.max_epochs} before its support was "
-                f"a forest (beta={float(learner.beta):g}); it predicts with the smoothed LP on "
-                f"{int(learner.energy.pairwise_weights().ne(0).sum())} edges. Raise trainer.max_epochs or model.beta.")
+        return (f"{type(learner).__name__} stopped at {learner.training_cap()} before its support was a forest "
+                f"(beta={float(learner.beta):g}); it predicts with the smoothed LP on "
+                f"{int(learner.energy.pairwise_weights().ne(0).sum())} edges. Raise it or model.beta.")

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..progress import out_of_time
 from ..solvers import BCFW, GapInfo, SmoothedLBFGS
 from .base import Strategy
 
@@ -59,9 +60,9 @@ class Certified(Strategy):
         info = self.certificate
         if info is None or bool(info.converged.all()):
             return None
-        return (f"training stopped at max_epochs={self.learner.trainer.max_epochs} before the certificate: relative "
-                f"duality gap {float(info.relative_gap.max()):.2g} > model.tol={self.learner.hparams.tol:g}; raise "
-                f"trainer.max_epochs (or model.solver_iters) to reach it")
+        return (f"training stopped at {self.learner.training_cap()} before the certificate: relative duality gap "
+                f"{float(info.relative_gap.max()):.2g} > model.tol={self.learner.hparams.tol:g}; raise it (or "
+                f"model.solver_iters) to reach the certificate")
 
 
 class LBFGSStrategy(Certified):
@@ -155,6 +156,8 @@ class BCFWStrategy(Certified):
         learner = self.learner
         if len(batch) < 3:
             raise ValueError("solver=bcfw needs batches (x, y, index) with each example's index in the training set")
+        if out_of_time():  # the run's time budget is spent: the rest of the epoch passes without steps
+            return
         gathered = learner.trainer.world_size > 1  # every rank takes the same step, on the gathered batch
         x, y, index = (learner.all_gather(t).flatten(0, 1) if gathered else t for t in batch[:3])
         info = self.solver.step(x, learner.energy_labels(y), index)
