@@ -268,23 +268,37 @@ def test_train_forests_warm_started_from_a_subforest_reach_the_same_optimum():
                                                                                       dtype=F64))
 
 
-@pytest.mark.parametrize("spin", [True, False])
-def test_mst_gains_by_components_equal_each_edge_model_trained_on_all_labels(spin):
+def test_mst_gains_by_components_equal_each_edge_model_trained_on_all_labels():
     """MST's gains from the forest of label copies (each label alone, each edge's pair) equal obj(empty) -
     obj(empty + edge) with every edge's model trained on all labels, each certified (1e-6)."""
     from structtorch.data import crank_synthetic
 
     d = crank_synthetic(150, 10, 5, 3, seed=0)
-    model = MST(3, 5, l2=0.01, tol=1e-6, spin=spin)
+    model = MST(3, 5, l2=0.01, tol=1e-6)
     model.resolve_l2(150)
     mask = model.build_structure(d.x_train, d.y_train)
     E = Graph.complete(5).num_edges
     forests = torch.cat([torch.zeros(1, E, dtype=torch.bool), torch.eye(E, dtype=torch.bool)])
-    objective = forest_objectives(d.x_train.double(), d.y_train, forests, 0.01, model.bias_reg, tol=1e-6, spin=spin)
+    objective = forest_objectives(d.x_train.double(), d.y_train, forests, 0.01, model.bias_reg, tol=1e-6, spin=True)
     gains = torch.tensor(model.search_log[0]["gains"], dtype=F64)
     assert torch.allclose(gains, objective[0] - objective[1:], rtol=0, atol=1e-6), (gains, objective[0] - objective[1:])
     assert model.search_log[0]["empty"] == pytest.approx(float(objective[0]), rel=1e-6)
     assert torch.equal(mask, max_spanning_tree(objective[0] - objective[1:], Graph.complete(5)))
+
+
+def test_greedy_by_components_reaches_the_objective_of_its_forest_trained_whole():
+    """Greedy trains only the merged component at each step; the sum of its components' certified objectives is the
+    certified objective of its final forest trained as one model, and each added edge lowered it."""
+    from structtorch.data import crank_synthetic
+
+    d = crank_synthetic(150, 10, 5, 3, seed=0)
+    model = Greedy(3, 5, l2=0.01, tol=1e-5)
+    model.resolve_l2(150)
+    forest = model.build_structure(d.x_train, d.y_train)
+    whole = forest_objectives(d.x_train.double(), d.y_train, forest[None], 0.01, model.bias_reg, tol=1e-5, spin=True)
+    objectives = [step["objective"] for step in model.search_log]
+    assert objectives[-1] == pytest.approx(float(whole[0]), rel=2e-5) and int(forest.sum()) >= 2
+    assert all(b < a for a, b in zip(objectives, objectives[1:]))
 
 
 def test_greedy_bad_search_iters(small):

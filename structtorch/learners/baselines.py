@@ -10,12 +10,11 @@ import torch
 from ..energies import FinleyJoachimsEnergy
 from ..graph import Graph, check_int
 from ..inference import lp_map, smoothed_lp, tree_map
-from ..losses import hamming_margin
 from ..potentials import Potentials
 from ..progress import out_of_time
 from ..solvers import ForestSmoothedMax, LPSmoothedMax, Oracle, SmoothedLBFGS, SmoothedMax, smoothed_oracle
 from ..state import ExampleState
-from ..structure import circuit_rank, max_spanning_tree
+from ..structure import max_spanning_tree
 from ..structure.edge_scores import candidate_graph, chow_liu_tree
 from .base import StructuredLearner
 
@@ -183,76 +182,121 @@ class _StructureSearch(FixedTree):
     def build_energy(self) -> FinleyJoachimsEnergy:
         return self.m3n_energy(self.label_graph(), self.num_models)
 
-    def _train(self, x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor,
-               start: tuple[SmoothedLBFGS, int] | None = None, iterations: int | None = None,
-               graph: Graph | None = None) -> SmoothedLBFGS:
-        """``train_forests`` with this learner's settings; forests over ``graph`` (default: the energy's)."""
-        hp = self.hparams
-        return train_forests(x.to(torch.float64), y, forests, self.l2_grid[0], self.bias_reg, hp.tol, hp.margin_scale,
-                             start, iterations, self.spin, self.energy.graph if graph is None else graph)
-
     def structure_summary(self) -> dict:
         """The learned tree and the search that found it (objectives per step / per edge)."""
         return {**super().structure_summary(), "search": self.search_log}
+
+
+class ComponentModels:
+    """M3N models of G label components (each a forest over some labels) as one forest of label copies: copy c
+    predicts label ``copies[c]``, each component's copies joined by its own edges, so one ``SmoothedLBFGS`` trains
+    them all and the objective of the union is the sum of theirs (the l2 term and the Hamming-margin hinge split
+    over connected components). Costs the components' total size in labels, not G x n.
+
+    Args:
+        groups: G pairs (labels LongTensor [s_g], edges LongTensor [k_g, 2] of label ids, a forest on those labels).
+        num_labels: n, the labels' number (ids in [0, n)).
+    """
+
+    def __init__(self, groups: list[tuple[torch.Tensor, torch.Tensor]], num_labels: int) -> None:
+        sizes = torch.tensor([len(labels) for labels, _ in groups])
+        offsets = torch.cumsum(sizes, 0) - sizes
+        slot = torch.full((len(groups), num_labels), -1, dtype=torch.long)  # group g's copy of label i
+        for g, (labels, _) in enumerate(groups):
+            slot[g, labels] = offsets[g] + torch.arange(len(labels))
+        self.copies = torch.cat([labels for labels, _ in groups])  # [L]
+        self.group_of_copy = torch.repeat_interleave(torch.arange(len(groups)), sizes)  # [L]
+        edges = [slot[g][e.reshape(-1, 2)] for g, (_, e) in enumerate(groups)]
+        self.group_of_edge = torch.repeat_interleave(torch.arange(len(groups)), torch.tensor([len(e) for e in edges]))
+        self.edge_labels = torch.cat([e.reshape(-1, 2) for _, e in groups])  # [K, 2] label ids
+        self.graph = Graph(len(self.copies), torch.cat(edges))
+        self.num_groups = len(groups)
+
+    def train(self, learner: M3N, x: torch.Tensor, y: torch.Tensor, start: tuple[torch.Tensor, ...] | None = None,
+              iterations: int | None = None, eps: float | None = None) -> SmoothedLBFGS:
+        """The copies' model trained with ``learner``'s settings (l2, bias_reg, tol, margin, spin) on x [N, D], y
+        [N, n]: to its certificate, or ``iterations`` L-BFGS iterations then one certificate. start: (W [n, D],
+        b [n], pair weights [n, n]) per label and label pair, copied to every copy (default zeros); eps: the
+        starting temperature (default the margin: a cold start), e.g. that of the certified model it starts from."""
+        hp = learner.hparams
+        energy = FinleyJoachimsEnergy(x.shape[1], len(self.copies), self.graph, spin=learner.spin).to(torch.float64)
+        if start is not None:
+            W, b, pair = start
+            with torch.no_grad():
+                energy.unary.weight.copy_(W[self.copies])
+                energy.unary.bias.copy_(b[self.copies])
+                energy.edge_weight.copy_(pair[self.edge_labels[:, 0], self.edge_labels[:, 1]])
+        solver = SmoothedLBFGS(energy, x.to(torch.float64), y[:, self.copies], learner.l2_grid[0],
+                               margin_scale=hp.margin_scale, bias_reg=learner.bias_reg, tol=hp.tol)
+        if eps is not None:
+            solver.eps.fill_(eps)
+        if iterations is None:
+            solver.fit()
+        else:
+            solver.run(iterations)
+            solver.certify()
+        return solver
+
+    def objectives(self, solver: SmoothedLBFGS, bias_reg: float) -> torch.Tensor:
+        """Each component's M3N objective [G] (float64) at the solver's weights: l2 on its weights (``bias_reg``
+        on biases) plus its mean hinge with the exact loss-augmented max (the union's argmax, split by component)."""
+        energy, y, lam = solver.energy, solver.y, solver.lam[0]
+        with torch.no_grad():
+            pot = energy(solver.x)  # unary [N, L, 2], pairwise [K, 2, 2]
+            augmented = pot.unary + solver.delta
+            y_hat = tree_map(Potentials(augmented, pot.pairwise, self.graph))[1]  # [N, L]: each component's argmax
+            node = augmented.gather(-1, y_hat[..., None])[..., 0] - pot.unary.gather(-1, y[..., None])[..., 0]
+            e = self.graph.edges
+            k = torch.arange(len(e))
+            edge = pot.pairwise[k, y_hat[:, e[:, 0]], y_hat[:, e[:, 1]]] - pot.pairwise[k, y[:, e[:, 0]], y[:, e[:, 1]]]
+            hinge = node.new_zeros(len(y), self.num_groups).index_add_(1, self.group_of_copy, node)
+            hinge.index_add_(1, self.group_of_edge, edge)
+            reg = energy.unary.weight.pow(2).sum(-1) + bias_reg * energy.unary.bias.pow(2)
+            reg = reg.new_zeros(self.num_groups).index_add_(0, self.group_of_copy, reg)
+            reg.index_add_(0, self.group_of_edge, energy.edge_weight.pow(2))
+        return lam / 2 * reg + hinge.mean(0)
 
 
 class MST(_StructureSearch):
     """CRANK's MST baseline: the objective gain of each candidate edge alone over the empty model, the maximum
     spanning tree of those gains, then M3N on that tree.
 
-    The M3N objective of a forest is the sum of its connected components' objectives (the l2 term and the
-    Hamming-margin hinge both split over them), so the gain of edge (i, j) is obj_i + obj_j - obj_ij: the empty
-    model's objectives of labels i and j alone less the objective of the two-label model on (i, j). Every label
-    alone and every candidate edge's pair are the components of one forest of n + 2E label copies (copy c predicts
-    label ``copies[c]``), trained as one model to its certificate; then each component's objective is evaluated
-    with its exact loss-augmented max (``tree_map`` per pair). n + 2E labels in all, not E models of n labels.
+    The gain of edge (i, j) is obj_i + obj_j - obj_ij: the empty model's objectives of labels i and j alone less
+    the objective of the two-label model on (i, j) (the objective splits over components). Every label alone and
+    every candidate edge's pair are one ``ComponentModels`` (n + 2E label copies), trained once to its certificate.
     """
 
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         graph = self.energy.graph
-        n, E = graph.num_nodes, graph.num_edges
-        copies = torch.cat([torch.arange(n), graph.edges.reshape(-1)])  # [n + 2E]: the label of each copy
-        union = Graph(n + 2 * E, n + torch.arange(2 * E).view(E, 2))  # copy edges of the E pairs
-        y = y[:, copies]
-        solver = self._train(x, y, torch.ones(1, E, dtype=torch.bool), graph=union)
-        objective = self._component_objectives(solver, y, n, E)  # [n + E]
+        n, none = graph.num_nodes, torch.zeros(0, 2, dtype=torch.long)
+        models = ComponentModels([(torch.tensor([i]), none) for i in range(n)]
+                                 + [(e, e[None]) for e in graph.edges], n)
+        solver = models.train(self, x, y)
+        objective = models.objectives(solver, self.bias_reg)  # [n + E]: each label alone, then each pair
         gains = objective[graph.edges].sum(1) - objective[n:]
         self.search_log = [{"empty": float(objective[:n].sum()), "gains": gains.tolist(),
                             "certificate": float(solver.last.relative_gap[0])}]
         return max_spanning_tree(gains, graph).cpu()
 
-    def _component_objectives(self, solver: SmoothedLBFGS, y: torch.Tensor, n: int, E: int) -> torch.Tensor:
-        """The M3N objective [n + E] (float64) of each component of the copies' forest at the solver's weights:
-        labels alone, then the E pairs; l2 on its weights (bias_reg on biases) plus its mean hinge, each with the
-        exact loss-augmented max."""
-        energy, lam, rho = solver.energy, self.l2_grid[0], self.bias_reg
-        with torch.no_grad():
-            pot = energy(solver.x)
-            unary, pair = pot.unary[0], pot.pairwise[0, 0]  # [N, L, 2], [E, 2, 2]
-            augmented = unary + hamming_margin(y, 2, self.hparams.margin_scale, unary.dtype)
-            truth = unary.gather(-1, y[..., None])[..., 0]  # [N, L]: the labels' unary scores
-            alone = augmented[:, :n].amax(-1) - truth[:, :n]  # [N, n]
-            twos = Potentials(augmented[:, n:].reshape(-1, E, 2, 2), pair[None, :, None].expand(len(y), E, 1, 2, 2),
-                              Graph.chain(2))
-            pair_truth = pair[torch.arange(E), y[:, n::2], y[:, n + 1::2]]  # [N, E]
-            hinge = torch.cat([alone, tree_map(twos)[0] - truth[:, n:].reshape(-1, E, 2).sum(-1) - pair_truth], 1)
-            weight = energy.unary.weight[0].pow(2).sum(-1) + rho * energy.unary.bias[0].pow(2)  # [L]
-            reg = torch.cat([weight[:n], weight[n:].view(E, 2).sum(-1) + energy.edge_weight[0].pow(2)])
-        return lam / 2 * reg + hinge.mean(0)
+
+#: label copies per batch of Greedy's candidate models (bounds the memory of a step)
+GREEDY_COPIES = 4096
 
 
 class Greedy(_StructureSearch):
     """CRANK's Greedy baseline: from the empty model, add the edge whose addition lowers the (certified)
     training objective most while keeping a forest, until no edge lowers it or the tree spans all labels.
 
-    Each step trains every candidate (the current forest plus one edge) as one model of a batch, all started
-    from the current forest's certified optimum (the new edge at 0, so each starts at the current objective)
-    for ``search_iters`` L-BFGS iterations, and ranks them by their objective; the best one is trained on to
-    its certificate (the next step's start) and added if its certified objective is below the current one. A run
-    whose time budget is spent (``trainer.time_budget``) keeps the forest found so far.
+    The objective splits over the forest's components, so adding edge (i, j) between components A and B changes
+    it by obj(A + B + (i, j)) - obj(A) - obj(B): each candidate is the model of the merged component only
+    (``ComponentModels``), started from the current weights (the new edge at 0) for ``search_iters`` L-BFGS
+    iterations, and ranked by that gain; the best one is trained on to its certificate and added if its certified
+    objective is below obj(A) + obj(B). Gains are kept between steps and recomputed only for the candidates that
+    touch the merged component. A run whose time budget is spent (``trainer.time_budget``) keeps the forest found
+    so far.
 
     Args:
-        search_iters: L-BFGS iterations per candidate of a step (from the common start).
+        search_iters: L-BFGS iterations per candidate of a step (from the current weights).
         Other args as ``FixedTree``.
     """
 
@@ -263,29 +307,81 @@ class Greedy(_StructureSearch):
 
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         graph = self.energy.graph
+        n, edges = graph.num_nodes, graph.edges
+        component = torch.arange(n)  # each label's component, named by one of its labels
         forest = torch.zeros(graph.num_edges, dtype=torch.bool)
-        chosen = self._train(x, y, forest[None])
-        self.search_log = [{"edges": 0, "objective": float(chosen.last.primal[0])}]
+        alone = ComponentModels([(torch.tensor([i]), torch.zeros(0, 2, dtype=torch.long)) for i in range(n)], n)
+        solver = alone.train(self, x, y)
+        objective = alone.objectives(solver, self.bias_reg)  # [n]: of the component named by each label
+        weights = self._label_weights(alone, solver, (torch.zeros(n, x.shape[1], dtype=torch.float64),
+                                                      torch.zeros(n, dtype=torch.float64),
+                                                      torch.zeros(n, n, dtype=torch.float64)))
+        gains = torch.full((graph.num_edges,), float("nan"), dtype=torch.float64)
+        eps = float(solver.eps.min())  # candidates start at the temperature of the certified model
+        self.search_log = [{"edges": 0, "objective": float(objective.sum())}]
         while True:
+            joins = component[edges[:, 0]] != component[edges[:, 1]]  # the edges that keep a forest
+            if not bool(joins.any()):
+                return forest
             if out_of_time():
                 log.warning("Greedy: the run's time budget is spent; the search stops at %d edges", int(forest.sum()))
                 return forest
-            grown = forest[None] | torch.eye(graph.num_edges, dtype=torch.bool)
-            candidates = (~forest & (circuit_rank(grown, graph) == 0)).nonzero()[:, 0]  # edges that keep a forest
-            if not len(candidates):
+            self._rank(x, y, (joins & gains.isnan()).nonzero()[:, 0], component, forest, objective, weights, eps, gains)
+            best = int(torch.where(joins, gains, float("-inf")).argmax())
+            models = ComponentModels([self._merged(best, component, forest)], n)
+            certified = models.train(self, x, y, start=weights, eps=eps)
+            a, b = component[edges[best]].tolist()
+            merged = float(models.objectives(certified, self.bias_reg)[0])
+            if merged >= float(objective[a] + objective[b]):
                 return forest
-            ranked = self._train(x, y, grown[candidates], (chosen, 0), self.hparams.search_iters)
-            best = int(ranked.last.primal.argmin())
-            certified = self._train(x, y, grown[candidates[best]][None], (ranked, best))
-            if float(certified.last.primal[0]) >= float(chosen.last.primal[0]):
-                return forest
-            forest[candidates[best]] = True
-            chosen = certified
-            self.search_log.append({"edges": int(forest.sum()), "objective": float(chosen.last.primal[0]),
-                                    "added": graph.edges[candidates[best]].tolist(),
-                                    "ranked": float(ranked.last.primal[best])})
-            log.info("Greedy: added %s of %d candidates, objective %.6g", self.search_log[-1]["added"],
-                     len(candidates), self.search_log[-1]["objective"])
+            forest[best] = True
+            component[component == b] = a
+            objective[a] = merged
+            weights = self._label_weights(models, certified, weights)
+            eps = min(eps, float(certified.eps.min()))
+            gains[(component[edges] == a).any(1)] = float("nan")  # candidates touching the merged component
+            self.search_log.append({"edges": int(forest.sum()), "objective": float(objective[component.unique()].sum()),
+                                    "added": edges[best].tolist(), "candidates": int(joins.sum())})
+            log.info("Greedy: added %s of %d candidates, objective %.6g", edges[best].tolist(), int(joins.sum()),
+                     self.search_log[-1]["objective"])
+
+    def _merged(self, e: int, component: torch.Tensor, forest: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The component that adding edge e makes: its labels and its forest edges (label ids), e last."""
+        edges = self.energy.graph.edges
+        labels = torch.isin(component, component[edges[e]]).nonzero()[:, 0]
+        inside = forest & torch.isin(edges[:, 0], labels)
+        return labels, torch.cat([edges[inside], edges[e][None]])
+
+    def _rank(self, x: torch.Tensor, y: torch.Tensor, stale: torch.Tensor, component: torch.Tensor,
+              forest: torch.Tensor, objective: torch.Tensor, weights: tuple[torch.Tensor, ...], eps: float,
+              gains: torch.Tensor) -> None:
+        """gains[e] = obj(A) + obj(B) - obj(A + B + e) after ``search_iters`` iterations, for the ``stale``
+        candidates, in batches of at most ``GREEDY_COPIES`` label copies."""
+        edges, chunk, size = self.energy.graph.edges, [], 0
+        for e in stale.tolist() + [None]:
+            group = None if e is None else self._merged(e, component, forest)
+            if chunk and (e is None or size + len(group[0]) > GREEDY_COPIES):
+                models = ComponentModels([g for _, g in chunk], self.hparams.num_labels)
+                solver = models.train(self, x, y, start=weights, iterations=self.hparams.search_iters, eps=eps)
+                ids = torch.tensor([c for c, _ in chunk])
+                gains[ids] = objective[component[edges[ids]]].sum(1) - models.objectives(solver, self.bias_reg)
+                chunk, size = [], 0
+            if e is not None:
+                chunk.append((e, group))
+                size += len(group[0])
+
+    @staticmethod
+    def _label_weights(models: ComponentModels, solver: SmoothedLBFGS, weights: tuple[torch.Tensor, ...]
+                       ) -> tuple[torch.Tensor, ...]:
+        """(W [n, D], b [n], pair [n, n]) with the labels and label pairs of ``models`` set from its trained copies."""
+        W, b, pair = (t.clone() for t in weights)
+        energy = solver.energy
+        with torch.no_grad():
+            W[models.copies] = energy.unary.weight.detach()
+            b[models.copies] = energy.unary.bias.detach()
+            i, j = models.edge_labels.T
+            pair[i, j] = pair[j, i] = energy.edge_weight.detach()
+        return W, b, pair
 
 
 class Full(M3N):
