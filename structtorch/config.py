@@ -106,6 +106,7 @@ class TreeCRFConfig(ModelConfig):
     local_unary: bool = False  # unary factors on the label's inputs only (True) or on all inputs
     num_states: int = 2
     score_folds: int = 5  # CV folds choosing each edge-score regression's l2 penalty
+    candidates: Any = 10  # scores for each label's `candidates` most dependent partners; complete graph while small
 
 
 @dataclass

@@ -4,6 +4,7 @@ regressions against scikit-learn, count tables, end-to-end scores on synthetic t
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 
@@ -388,6 +389,24 @@ def test_global_cmi_is_local_cmi_with_every_input(continuous_data) -> None:
     every = [list(range(x.shape[1]))] * y.shape[1]
     torch.testing.assert_close(edge_scores(x, y, "global_cmi", inputs=[[0], [1], [2]], **fit),
                                edge_scores(x, y, "local_cmi", inputs=every, **fit), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["dci", "local_cmi", "chow_liu"])
+def test_scores_on_a_graph_in_batches_equal_the_complete_graphs_on_its_edges(method: str, monkeypatch) -> None:
+    """Scores restricted to a candidate graph, computed two pairs per batch, equal the one-batch scores of the
+    complete graph on those edges (the pairs' regressions are independent)."""
+    module = importlib.import_module("structtorch.estimation.edge_scores")  # the package exports the function
+    data = tree_crf_synthetic(120, 10, num_labels=5, seed=3)
+    x, y = data.x_train, data.y_train
+    x = x + 0.1 * torch.randn(x.shape, generator=torch.Generator().manual_seed(0), dtype=x.dtype)  # logistic fits
+    fit = dict(inputs=data.inputs, cv_folds=3, lambdas=LAMBDA_GRID[::3])
+    complete = edge_scores(x, y, method, **fit)
+    graph = Graph(5, torch.tensor([[0, 1], [1, 4], [2, 3], [0, 4], [3, 4]]))
+    monkeypatch.setattr(module, "PAIR_BATCH_ELEMENTS", 2 * len(y) * 4)
+    on_graph = edge_scores(x, y, method, graph=graph, **fit)
+    position = {tuple(e): k for k, e in enumerate(Graph.complete(5).edges.tolist())}
+    expected = complete[[position[tuple(e)] for e in graph.edges.tolist()]]
+    torch.testing.assert_close(on_graph, expected, rtol=1e-6, atol=1e-9)
 
 
 def test_select_inputs_size_and_planted_columns(continuous_data) -> None:

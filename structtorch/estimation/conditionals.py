@@ -50,14 +50,19 @@ def conditional_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.
     """
     if estimator not in ("auto", "table", "logistic"):
         raise ValueError(f"estimator must be 'auto', 'table' or 'logistic', got {estimator!r}")
-    log_cells = _log_table_cells(x, subsets)
-    if estimator == "table" and log_cells is None:
+    if estimator == "table" and _log_table_cells(x, subsets) is None:
         raise ValueError("estimator='table' needs x of non-negative integers")
-    if estimator == "table" or (estimator == "auto" and log_cells is not None
-                                and log_cells <= math.log(max_table_cells) + 1e-9):
+    if estimator == "table" or (estimator == "auto" and tables_fit(x, subsets, max_table_cells)):
         return table_log_probs(x, target, subsets, num_classes)
     xs = Standardizer.fit(x, dtype=torch.float64).transform(x)
     return logistic_cv_log_probs(xs, target, subsets, num_classes, lambdas, cv_folds, seed)[0]
+
+
+def tables_fit(x: torch.Tensor, subsets: torch.Tensor, max_table_cells: int = 64) -> bool:
+    """True when x [N, D] holds small non-negative integers with at most ``max_table_cells`` joint configurations on
+    every subset [R, P] (-1 = padding): the choice of ``conditional_log_probs``'s estimator "auto"."""
+    log_cells = _log_table_cells(x, subsets)
+    return log_cells is not None and log_cells <= math.log(max_table_cells) + 1e-9
 
 
 def _log_table_cells(x: torch.Tensor, subsets: torch.Tensor) -> float | None:

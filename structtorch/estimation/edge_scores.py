@@ -1,7 +1,8 @@
 """Regression-based edge scores over label pairs, for tree-CRF structure learning.
 
-``edge_scores`` weights every edge of ``Graph.complete(n)`` for the max-spanning-tree structure learner
-of Bradley & Guestrin (ICML 2010, Algorithm 1), from estimated conditionals (``conditionals``):
+``edge_scores`` weights every edge of a label graph (``Graph.complete(n)``, or a candidate graph of each label's most
+dependent partners when the labels are many) for the max-spanning-tree structure learner of Bradley & Guestrin
+(ICML 2010, Algorithm 1), from estimated conditionals (``conditionals``):
 
 - piecewise: E[log P(Y_ij | X_ij)]                                          (Sec. 4.1)
 - local_cmi: I(Y_i; Y_j | X_ij) = E[log P(Y_ij|X_ij) - log P(Y_i|X_ij) - log P(Y_j|X_ij)]   (Sec. 4.2)
@@ -13,7 +14,8 @@ of Bradley & Guestrin (ICML 2010, Algorithm 1), from estimated conditionals (``c
 
 X_i is label i's input columns (the input mapping), X_ij = X_i u X_j. P(Y_i | X_ij) is the marginal of
 the fitted P(Y_ij | X_ij), so local and global CMI come from the same pair regressions as the
-piecewise score. Expectations are means over the training examples.
+piecewise score. Expectations are means over the training examples. The pair regressions run in batches of at most
+``PAIR_BATCH_ELEMENTS`` log-probabilities (E_batch N K^2), so memory does not grow with the number of pairs.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ import torch
 
 from ..energies.local import pad_subsets, pair_inputs
 from ..graph import Graph
-from ..progress import phase
+from ..progress import phase, tick
 from ..structure.edge_scores import label_mutual_information
-from .conditionals import LAMBDA_GRID, conditional_log_probs, select_inputs
+from .conditionals import LAMBDA_GRID, conditional_log_probs, select_inputs, tables_fit
 
-__all__ = ["EDGE_SCORES", "edge_scores", "scores_from_log_probs"]
+__all__ = ["EDGE_SCORES", "PAIR_BATCH_ELEMENTS", "edge_scores", "scores_from_log_probs"]
+
+#: log-probabilities P(y_i, y_j | x_n) per batch of pair regressions (E_batch N K^2 float64: 128 MiB)
+PAIR_BATCH_ELEMENTS = 1 << 24
 
 #: the ``method`` names of ``edge_scores``
 EDGE_SCORES = ("piecewise", "local_cmi", "dci", "global_cmi", "chow_liu")
@@ -34,53 +39,67 @@ EDGE_SCORES = ("piecewise", "local_cmi", "dci", "global_cmi", "chow_liu")
 
 def edge_scores(x: torch.Tensor, y: torch.Tensor, method: str, inputs: list[list[int]] | None = None,
                 num_states: int | None = None, num_inputs: int = 10, estimator: str = "auto",
-                lambdas: tuple[float, ...] = LAMBDA_GRID, cv_folds: int = 5, seed: int = 0) -> torch.Tensor:
-    """Edge scores [n(n-1)/2] on the edges of ``Graph.complete(n)`` (higher = keep); feed them to
-    ``max_spanning_tree(scores, Graph.complete(n))``.
+                lambdas: tuple[float, ...] = LAMBDA_GRID, cv_folds: int = 5, seed: int = 0,
+                graph: Graph | None = None) -> torch.Tensor:
+    """Edge scores [E] on the edges of ``graph`` (default ``Graph.complete(n)``; higher = keep); feed them to
+    ``max_spanning_tree(scores, graph)``.
 
     x [N, D] float, y [N, n] long in [0, K); method in ``EDGE_SCORES``; inputs: label i's input columns
     (a list of n lists of column indices), None = the ``num_inputs`` columns with the largest weights
     of an l1 logistic regression per label (``select_inputs``). The conditionals are count tables
     or l2 logistic regressions with the penalty chosen per regression by ``cv_folds``-fold CV over
-    ``lambdas`` (``conditional_log_probs``, ``estimator``), all regressions fitted as one batched model.
-    K = ``num_states`` or y.max() + 1 (at least 2).
+    ``lambdas`` (``conditional_log_probs``, ``estimator``), the regressions of a batch of pairs fitted as one
+    batched model. K = ``num_states`` or y.max() + 1 (at least 2).
     """
     if method not in EDGE_SCORES:
         raise ValueError(f"method must be one of {EDGE_SCORES}, got {method!r}")
     y = _check_y(y, num_states)
     K = num_states or max(int(y.max()) + 1, 2)
-    if method == "chow_liu":
-        return label_mutual_information(y, K)
-    x = _check_x(x, y)
     N, n = y.shape
-    edges = Graph.complete(n).edges
+    graph = Graph.complete(n) if graph is None else graph
+    if graph.num_nodes != n or graph.is_ensemble:
+        raise ValueError(f"graph must be a single graph on the n={n} labels, got {graph}")
+    if method == "chow_liu":
+        return label_mutual_information(y, K, graph=graph)
+    x = _check_x(x, y)
+    edges = graph.edges
     if method == "global_cmi":
         pair_cols = [list(range(x.shape[1]))] * len(edges)
     else:
         inputs = select_inputs(x, y, num_inputs) if inputs is None else _check_inputs(inputs, n)
         pair_cols = pair_inputs(inputs, edges)
-    fit = dict(estimator=estimator, lambdas=lambdas, cv_folds=cv_folds, seed=seed)
-    pair_target = (y[:, edges[:, 0]] * K + y[:, edges[:, 1]]).T  # [E, N]
-    with phase("P(y_i, y_j | inputs)", quiet=True):
-        log_pair = conditional_log_probs(x, pair_target, pad_subsets(pair_cols, x.shape[1]).to(x.device), K * K,
-                                         **fit).view(len(edges), N, K, K)
+    fit = dict(lambdas=lambdas, cv_folds=cv_folds, seed=seed)
     log_node = None
     if method == "dci":
         with phase("P(y_i | inputs)", quiet=True):
-            log_node = conditional_log_probs(x, y.T, pad_subsets(inputs, x.shape[1]).to(x.device), K, **fit)
-    return scores_from_log_probs(method, log_pair, y, log_node)
+            log_node = conditional_log_probs(x, y.T, pad_subsets(inputs, x.shape[1]).to(x.device), K,
+                                             estimator=estimator, **fit)
+    if estimator == "auto":  # one estimator for every batch of pairs, so their scores compare
+        estimator = "table" if tables_fit(x, pad_subsets(pair_cols, x.shape[1])) else "logistic"
+    fit["estimator"] = estimator
+    scores, batch = [], max(1, PAIR_BATCH_ELEMENTS // (N * K * K))
+    with phase("P(y_i, y_j | inputs)", quiet=True):
+        for lo in range(0, len(edges), batch):
+            e, cols = edges[lo:lo + batch], pair_cols[lo:lo + batch]
+            target = (y[:, e[:, 0]] * K + y[:, e[:, 1]]).T  # [E_batch, N]
+            log_pair = conditional_log_probs(x, target, pad_subsets(cols, x.shape[1]).to(x.device), K * K,
+                                             **fit).view(len(e), N, K, K)
+            scores.append(scores_from_log_probs(method, log_pair, y, log_node, edges=e))
+            tick(lo + len(e), len(edges), "label pairs")
+    return torch.cat(scores) if scores else torch.zeros(0, dtype=torch.float64)
 
 
 def scores_from_log_probs(method: str, log_pair: torch.Tensor, y: torch.Tensor, log_node: torch.Tensor | None = None,
-                          weight: torch.Tensor | None = None) -> torch.Tensor:
+                          weight: torch.Tensor | None = None, edges: torch.Tensor | None = None) -> torch.Tensor:
     """The edge scores [E] of ``method`` (not chow_liu) from conditionals at the examples.
 
-    log_pair [E, N, K, K]: log P(Y_i = a, Y_j = b | x_n) for the edges (i, j) of ``Graph.complete(n)``;
-    log_node [n, N, K]: log P(Y_i = a | X_i = x_n) (DCI only); y [N, n] long; weight [N]: example
-    weights of the expectations (default uniform; e.g. exact probabilities of enumerated examples).
+    log_pair [E, N, K, K]: log P(Y_i = a, Y_j = b | x_n) for the label pairs ``edges`` [E, 2] (default: the
+    edges of ``Graph.complete(n)``); log_node [n, N, K]: log P(Y_i = a | X_i = x_n) (DCI only); y [N, n] long;
+    weight [N]: example weights of the expectations (default uniform; e.g. exact probabilities of enumerated
+    examples).
     """
     N, n = y.shape
-    edges = Graph.complete(n).edges.to(y.device)
+    edges = (Graph.complete(n).edges if edges is None else edges).to(y.device)
     E, K = len(edges), log_pair.shape[-1]
     if log_pair.shape != (E, N, K, K):
         raise ValueError(f"log_pair must have shape [{E}, {N}, K, K], got {tuple(log_pair.shape)}")

@@ -183,6 +183,15 @@ class StructuredLearner(L.LightningModule):
             return None
         return Graph(self.hparams.num_labels, self.candidate_edges.cpu())
 
+    def search_graph(self, m: int | None) -> Graph:
+        """The graph a structure search with ``m`` candidate partners per label (``structure.candidate_graph``)
+        chooses from: the candidate graph once chosen from the training labels; before that the complete graph
+        while it is the candidate graph anyway (n <= 2 m + 1, or m None), else no edges."""
+        n, chosen = self.hparams.num_labels, self.candidate_graph()
+        if chosen is not None:
+            return chosen
+        return Graph.complete(n) if m is None or n <= 2 * m + 1 else Graph.empty(n)
+
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """The edges to keep, bool [E] over ``self.energy.graph`` (the candidate graph), chosen from the
         training set x [N, D], y [N, n]; None (default) keeps the energy's graph as built."""

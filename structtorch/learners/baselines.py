@@ -54,14 +54,6 @@ class M3N(StructuredLearner):
         return FinleyJoachimsEnergy(self.hparams.num_features, self.hparams.num_labels, graph, num_models=num_models,
                                     spin=self.spin)
 
-    def label_graph(self) -> Graph:
-        """The graph a structure search chooses from: the candidate graph once chosen from the training labels;
-        before that the complete graph while it is the candidate graph anyway (n <= 2 m + 1), else no edges."""
-        n, chosen = self.hparams.num_labels, self.candidate_graph()
-        if chosen is not None:
-            return chosen
-        return Graph.complete(n) if self.candidates is None or n <= 2 * self.candidates + 1 else Graph.empty(n)
-
     def build_candidates(self, x: torch.Tensor, y: torch.Tensor) -> Graph | None:
         """Each label's ``candidates`` most dependent partners (``candidate_graph``) for a structure search."""
         return candidate_graph(y, self.candidates) if self.searches_structure else None
@@ -180,7 +172,7 @@ class _StructureSearch(FixedTree):
         self.search_log: list[dict] = []
 
     def build_energy(self) -> FinleyJoachimsEnergy:
-        return self.m3n_energy(self.label_graph(), self.num_models)
+        return self.m3n_energy(self.search_graph(self.candidates), self.num_models)
 
     def structure_summary(self) -> dict:
         """The learned tree and the search that found it (objectives per step / per edge)."""
@@ -414,7 +406,7 @@ class Full(M3N):
         self.example_state = self._message_state()
 
     def build_energy(self) -> FinleyJoachimsEnergy:
-        return self.m3n_energy(self.label_graph(), self.num_models)
+        return self.m3n_energy(self.search_graph(self.candidates), self.num_models)
 
     def set_candidates(self, graph: Graph) -> None:
         super().set_candidates(graph)

@@ -57,7 +57,7 @@ class CRANK(Full):
 
     def _starting_points(self) -> FinleyJoachimsEnergy:
         hp = self.hparams
-        energy = self.m3n_energy(self.label_graph(), hp.restarts).to(torch.float64)
+        energy = self.m3n_energy(self.search_graph(self.candidates), hp.restarts).to(torch.float64)
         gen = torch.Generator().manual_seed(hp.seed)
         with torch.no_grad():
             for p in energy.parameters():

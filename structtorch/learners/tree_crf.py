@@ -17,7 +17,7 @@ from ..energies import LocalLinearEnergy
 from ..estimation import EDGE_SCORES, edge_scores, select_inputs
 from ..graph import Graph, check_int
 from ..progress import phase
-from ..structure import max_spanning_tree
+from ..structure import candidate_graph, max_spanning_tree
 from .base import StructuredLearner
 
 __all__ = ["TreeCRF"]
@@ -38,6 +38,9 @@ class TreeCRF(StructuredLearner):
             a label's evidence is spread over many features).
         num_states: K, the label states.
         score_folds: folds of the cross-validation that picks each conditional's l2 penalty.
+        candidates: m: the edge scores are computed for each label's m most dependent partners by mutual information
+            (``structure.candidate_graph``, at most n m pairs, chosen when fitting starts; the tree is then a max
+            spanning tree, or forest, of that graph); the complete graph while n <= 2 m + 1, or with None.
         Other args as ``StructuredLearner`` (loss defaults to "crf", solver "auto" = certified L-BFGS).
     """
 
@@ -47,7 +50,7 @@ class TreeCRF(StructuredLearner):
 
     def __init__(self, num_features: int, num_labels: int, score: str = "dci", inputs: str = "l1",
                  num_inputs: int = 10, local_unary: bool = False, num_states: int = 2, score_folds: int = 5,
-                 loss: str = "crf", **kwargs: Any) -> None:
+                 candidates: int | None = 10, loss: str = "crf", **kwargs: Any) -> None:
         if score not in EDGE_SCORES:
             raise ValueError(f"model.score must be one of {EDGE_SCORES}, got {score!r}")
         if inputs not in INPUT_MAPPINGS:
@@ -57,19 +60,30 @@ class TreeCRF(StructuredLearner):
                              f"as labels, got {num_features} columns for {num_labels} labels: use inputs=l1")
         check_int(num_inputs, "model.num_inputs", 1)
         check_int(score_folds, "model.score_folds", 2)
+        if candidates is not None:
+            check_int(candidates, "model.candidates", 1, expected="None or an int >= 1")
+        self.candidates = candidates  # read by build_energy
         self._num_inputs = 1 if inputs == "aligned" else min(num_inputs, num_features)
         self._local_unary, self._num_states = local_unary, num_states  # build_energy runs inside super().__init__
         super().__init__(num_features, num_labels, loss=loss, **kwargs)
         self.save_hyperparameters({"score": score, "inputs": inputs, "num_inputs": num_inputs,
-                                   "local_unary": local_unary, "num_states": num_states, "score_folds": score_folds})
-        n = num_labels
-        self.register_buffer("edge_score", torch.zeros(n * (n - 1) // 2, dtype=torch.float64))  # on Graph.complete
+                                   "local_unary": local_unary, "num_states": num_states, "score_folds": score_folds,
+                                   "candidates": candidates})
+        self.register_buffer("edge_score", torch.zeros(self.graph.num_edges, dtype=torch.float64))  # on the graph
 
     def build_energy(self) -> LocalLinearEnergy:
         hp = self.hparams
         return LocalLinearEnergy(hp.num_features, hp.num_labels, self._num_inputs, self._num_states,
-                                 Graph.complete(hp.num_labels), local_unary=self._local_unary,
+                                 self.search_graph(self.candidates), local_unary=self._local_unary,
                                  num_models=self.num_models)
+
+    def build_candidates(self, x: torch.Tensor, y: torch.Tensor) -> Graph:
+        """Each label's ``candidates`` most dependent partners (``candidate_graph``): the pairs that get scores."""
+        return candidate_graph(y, self.candidates, self._num_states)
+
+    def set_candidates(self, graph: Graph) -> None:
+        super().set_candidates(graph)
+        self.edge_score = torch.zeros(graph.num_edges, dtype=torch.float64, device=self.edge_score.device)
 
     def input_mapping(self, x: torch.Tensor, y: torch.Tensor) -> list[list[int]]:
         """X_i for every label, from the training set x [N, D], y [N, n]."""
@@ -78,16 +92,16 @@ class TreeCRF(StructuredLearner):
         return select_inputs(x, y, self._num_inputs)
 
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Input mapping, edge scores on the complete graph, and their max spanning tree (bool [E])."""
-        hp = self.hparams
+        """Input mapping, edge scores on the candidate graph, and their max spanning tree (bool [E])."""
+        hp, graph = self.hparams, self.graph
         with phase(f"inputs of each label ({hp.inputs})", quiet=hp.inputs == "aligned"):
             inputs = self.input_mapping(x, y)
         self.energy.set_inputs(inputs)
-        n = hp.num_labels
-        with phase(f"edge scores ({hp.score}) of {n * (n - 1) // 2} label pairs"):
-            scores = edge_scores(x, y, hp.score, inputs=inputs, num_states=hp.num_states, cv_folds=hp.score_folds)
+        with phase(f"edge scores ({hp.score}) of {graph.num_edges} label pairs"):
+            scores = edge_scores(x, y, hp.score, inputs=inputs, num_states=hp.num_states, cv_folds=hp.score_folds,
+                                 graph=graph)
         self.edge_score = scores.to(self.edge_score)
-        return max_spanning_tree(scores, Graph.complete(self.hparams.num_labels)).cpu()
+        return max_spanning_tree(scores, graph).cpu()
 
     def structure_weights(self) -> torch.Tensor | None:
         """The edge score of each kept edge [E] (what the max spanning tree maximised)."""
