@@ -370,13 +370,19 @@ def _not_a_tip(record: logging.LogRecord) -> bool:
 
 
 class ResumeHint(L.Callback):
-    """On Ctrl-C (a KeyboardInterrupt in fit or test): one line with the command that resumes the run."""
+    """On Ctrl-C (a KeyboardInterrupt in fit or test): a checkpoint of the interrupted fit (checkpoints/last.ckpt:
+    the weights and solver state so far, so a long epoch is not lost) and one line with the command that resumes
+    the run."""
 
     def __init__(self, out: Path) -> None:
         self.out = out
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, KeyboardInterrupt) and trainer.is_global_zero:
+        if not isinstance(exception, KeyboardInterrupt):
+            return
+        if trainer.checkpoint_callback is not None and trainer.state.fn == "fit":
+            trainer.save_checkpoint(self.out / "checkpoints" / "last.ckpt")
+        if trainer.is_global_zero:
             log.warning("%s", resume_hint(self.out))
 
 

@@ -130,6 +130,31 @@ def test_ctrl_c_ends_with_the_command_that_resumes_the_run(tmp_path):
     assert proc.returncode == 1 and "Traceback" not in output
 
 
+def test_ctrl_c_inside_a_long_epoch_writes_a_checkpoint_to_resume_from(tmp_path):
+    """Issue 32 (long runs resumable): Ctrl-C in the middle of Full's first L-BFGS epoch (up to 200 iterations)
+    saves checkpoints/last.ckpt with the weights and solver state so far, and the hint resumes from it."""
+    args = ["model=full", "data.num_labels=8", "data.num_train=3000", "trainer.max_epochs=5",
+            "trainer.enable_progress_bar=false"]
+    environ = dict(os.environ, OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.Popen([sys.executable, "-m", "structtorch.train", *args], cwd=tmp_path, env=environ,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:  # the first epoch has started: wait a little inside it, then Ctrl-C
+        seen.append(line)
+        if "Full (lbfgs), epoch 1: started" in line:
+            time.sleep(3)
+            proc.send_signal(signal.SIGINT)
+            break
+    output = "".join(seen) + proc.communicate(timeout=300)[0]
+    run_dir = next(tmp_path.glob("outputs/*/*")).resolve()
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["structtorch"]["learner"] == "Full" and checkpoint["structtorch"]["solver"]["kind"] == "lbfgs"
+    assert checkpoint["state_dict"]["energy.edge_weight"].abs().sum() > 0  # the interrupted epoch's weights
+    assert f"interrupted; resume with: python -m structtorch.train {' '.join(args)} resume={run_dir}" in output, \
+        output[-3000:]
+
+
 # ---------------------------------------------------------------------- ckpt_path=last (item 3)
 def test_ckpt_path_last_finds_the_run_of_the_same_configuration_from_another_directory(tmp_path):
     """A run started in a/ is resumed from b/ (the run index); a run of another configuration is refused with the

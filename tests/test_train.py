@@ -104,7 +104,8 @@ def test_every_config_combination_composes(model, data, trainer, monkeypatch):
         assert cfg.data.root is None  # default: the download cache ($STRUCTTORCH_DATA), nothing outside the project
     # trainer: exactly the schema's fields, all of them lightning.Trainer arguments
     assert set(cfg.trainer) == {f.name for f in dataclasses.fields(TrainerConfig)}
-    assert set(cfg.trainer) - {"num_threads"} <= set(inspect.signature(L.Trainer.__init__).parameters)
+    own = {"num_threads", "time_budget"}  # structtorch's, applied around the Trainer (config.TrainerConfig)
+    assert set(cfg.trainer) - own <= set(inspect.signature(L.Trainer.__init__).parameters)
     assert world_size(cfg.trainer) == (2 if trainer == "ddp" else 1)
     if trainer == "ddp":
         assert cfg.trainer.strategy == "ddp" and cfg.trainer.accelerator == "cpu" and cfg.trainer.devices == 2
@@ -321,7 +322,7 @@ def fresh(cfg: DictConfig):
 
 def trainer_for(cfg: DictConfig, max_epochs: int, callbacks=()) -> L.Trainer:
     kwargs = OmegaConf.to_container(cfg.trainer)
-    kwargs.pop("num_threads")
+    kwargs.pop("num_threads"), kwargs.pop("time_budget")
     kwargs.update(max_epochs=max_epochs, enable_checkpointing=bool(callbacks), enable_progress_bar=False)
     return L.Trainer(**kwargs, logger=False, callbacks=list(callbacks))
 
@@ -555,7 +556,7 @@ SOLVER_RUNS = {  # one tiny run per kind of solver, capped at 1 epoch: (override
     "bcfw": (["model=independent", "model.solver=bcfw", "model.tol=1e-9"],
              r"duality gap .*\(bcfw, tol 1e-09, 1 epoch\): NOT certified \(raise trainer\.max_epochs.*"),
     "cccp": (["model=crank", "model.restarts=2", "model.inner_iters=5", "model.iters=3", "model.predict_iters=20"],
-             r"stopping rule +NOT met \(stopped at max_epochs\) +\(cccp, 1 epoch\)"),
+             r"stopping rule +NOT met \(stopped at trainer\.max_epochs\) +\(cccp, 1 epoch\)"),
     "algorithm1": (["model=logistic", *GRID_SMALL, "model.passes=2"],
                    r"training +logistic, 1 epoch: no certificate or stopping rule \(runs trainer\.max_epochs\)"),
     "adam": (["model=independent", "model.solver=adam"],

@@ -324,14 +324,16 @@ class SmoothedLBFGS(SmoothedHinge):
         if not torch.equal(active, self.evaluated):  # certified models drop out of the evaluations
             self.evaluated = active.clone()
             self.opt.refresh()
-        for _ in range(iterations):
-            if not bool(active.any()):
-                break  # every model certified or stalled at this temperature: time to certify again
-            active &= ~self.opt.step(active)
-            self.iterations += 1
-            if not tick(self.iterations, self.until, "L-BFGS iterations", self._gap_note):
-                break  # the run's time budget is spent
-        self.write_back()
+        try:
+            for _ in range(iterations):
+                if not bool(active.any()):
+                    break  # every model certified or stalled at this temperature: time to certify again
+                active &= ~self.opt.step(active)
+                self.iterations += 1
+                if not tick(self.iterations, self.until, "L-BFGS iterations", self._gap_note):
+                    break  # the run's time budget is spent
+        finally:  # also when interrupted (Ctrl-C): the energy holds the iterations done
+            self.write_back()
 
     def certify(self) -> GapInfo:
         """The duality gap [M] at the current parameters; lowers eps (continuation) where the gap is within
