@@ -300,9 +300,9 @@ def test_segmentation_scores_per_image_and_pooled():
 # ---------------------------------------------------------------------- learning
 def test_linear_energies_segment_photographs_better_than_any_picture_blind_model(tmp_path):
     """Linear / linear LogisticEnergy on 24 synthetic photographs (a reddish ellipse at a random place on a greenish
-    background, noisy) of 3 sizes: after 8 learning iterations its test pixel error (measured 0.016) is below a
+    background, noisy) of 3 sizes: after 8 learning iterations its test pixel error (measured 0.014) is below a
     third of the best predictor that ignores the pixels, each pixel's majority label over the test images
-    themselves (0.21 here). With the RGB features zeroed in ``unary_features`` the error is ... (the test fails)."""
+    themselves (0.140). With the RGB columns of ``unary_features`` zeroed, the error is 0.216 (the test fails)."""
     import lightning as L
 
     from structtorch.learners import LogisticEnergy
@@ -326,7 +326,7 @@ def test_linear_energies_segment_photographs_better_than_any_picture_blind_model
 def test_the_cli_segments_downsized_horses_and_writes_scores_and_pictures(tmp_path):
     """``model=logistic data=horses`` from the data cache, shrunk to a 15 x 20 grid and 3 learning iterations:
     metrics.json holds the segmentation scores, predictions.png the pictures, and the test pixel error is below
-    predicting background everywhere (0.239 on this split; measured ...)."""
+    predicting background everywhere (0.239 on this split; measured 0.160, IoU 0.46)."""
     from hydra import compose, initialize_config_dir
 
     from structtorch.train import run
