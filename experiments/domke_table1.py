@@ -3,7 +3,7 @@ denoising images (left half) or the Weizmann horses (right half, ``--dataset hor
 
     python experiments/domke_table1.py [--dataset denoising|horses] [--cells linear/linear mlp/mlp ...] [--iters 150]
         [--size 100] [--fit-epochs 5] [--train 16] [--test 16] [--method logistic|hinge] [--lr 1.0] [--batch-size 1]
-        [--height 60 --width 80 --hog-cell 4 --test-fraction 0.3 --val-fraction 0] [--curve-every 10]
+        [--height 45 --width 60 --hog-cell 6 --test-fraction 0.3 --val-fraction 0] [--curve-every 10]
         [--device cpu] [--out experiments/results/domke_table1[_horses]] [--table-only]
 
 Each cell trains ``LogisticEnergy`` (Algorithm 1: fit u, 25 message passes, fit v, 25 passes; eps = .1) for
@@ -334,9 +334,9 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=100, help="denoising: image side")
     ap.add_argument("--train", type=int, default=16, help="denoising: training images")
     ap.add_argument("--test", type=int, default=16, help="denoising: test images")
-    ap.add_argument("--height", type=int, default=60, help="horses: the grid every image is resized to")
-    ap.add_argument("--width", type=int, default=80)
-    ap.add_argument("--hog-cell", type=int, default=4, help="horses: HOG cell side in grid pixels")
+    ap.add_argument("--height", type=int, default=45, help="horses: the grid every image is resized to")
+    ap.add_argument("--width", type=int, default=60)
+    ap.add_argument("--hog-cell", type=int, default=6, help="horses: HOG cell side in grid pixels")
     ap.add_argument("--test-fraction", type=float, default=0.3, help="horses: seeded share of the images for testing")
     ap.add_argument("--val-fraction", type=float, default=0.0,
                     help="horses: > 0 holds out this share of the training images and reports the error on them")

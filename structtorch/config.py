@@ -248,9 +248,9 @@ class HorsesDataConfig:
     root: Any = None  # None: $STRUCTTORCH_DATA/horses; a folder with <images>/ + <masks>/, or train/ + test/
     images: str = "rgb"  # the subfolders of colour images and of their masks (same file name stems)
     masks: str = "figure_ground"
-    height: int = 60  # the grid every image and mask is resized to
-    width: int = 80
-    hog_cell: int = 4  # HOG cell side, in grid pixels (a block: 2 x 2 cells)
+    height: int = 45  # the grid every image and mask is resized to (chosen on validation images: README)
+    width: int = 60
+    hog_cell: int = 6  # HOG cell side, in grid pixels (a block: 2 x 2 cells)
     threshold: int = 128  # mask grey level from which on a pixel is figure
     test_fraction: float = 0.3  # seeded test share of a <images>/ + <masks>/ folder (train/ + test/: fixed)
     batch_size: int = 16

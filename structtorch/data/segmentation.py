@@ -141,8 +141,8 @@ class SegmentationDataModule(GridDataModule):
     y [B, n], index [B])``; after ``setup()``, ``train_images`` / ``test_images`` hold the ``SegmentationImages``.
     """
 
-    def __init__(self, root: str | None = None, images: str = "rgb", masks: str = "figure_ground", height: int = 60,
-                 width: int = 80, hog_cell: int = 4, threshold: int = 128, test_fraction: float = 0.3,
+    def __init__(self, root: str | None = None, images: str = "rgb", masks: str = "figure_ground", height: int = 45,
+                 width: int = 60, hog_cell: int = 6, threshold: int = 128, test_fraction: float = 0.3,
                  batch_size: int = 16, val_fraction: float = 0.0, seed: int = 0, num_workers: int = 0) -> None:
         super().__init__(batch_size, val_fraction, seed, num_workers, num_states=2)
         self.save_hyperparameters()
