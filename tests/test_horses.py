@@ -212,6 +212,10 @@ def _bad_folder(tmp_path, how: str):
         Image.new("RGB", (5, 4)).save(tmp_path / "rgb" / "a.png")
     elif how == "train without test":
         (tmp_path / "train").mkdir()
+    elif how == "0 / 1 masks":
+        for f in (tmp_path / "figure_ground").iterdir():
+            Image.fromarray((np.asarray(Image.open(f)) > 127).astype(np.uint8)).save(f.with_suffix(".png"))
+            f.unlink()
     return tmp_path
 
 
@@ -223,6 +227,7 @@ def _bad_folder(tmp_path, how: str):
     ("other aspect ratio", ValueError, r"a.jpg is 40 x 10 pixels and its image .*a.jpg 50 x 40: their aspect"),
     ("two images of one name", ValueError, r"two images named 'a' \(a.jpg, a.png\)"),
     ("train without test", FileNotFoundError, r"has a train/ folder but no test/"),
+    ("0 / 1 masks", ValueError, r"no pixel of the 2 masks in .*figure_ground is figure .*need data.threshold=1"),
 ])
 def test_bad_folders_are_clear_errors(tmp_path, how, error, match):
     dm = SegmentationDataModule(root=str(_bad_folder(tmp_path, how)), height=8, width=8, hog_cell=2)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image, UnidentifiedImageError
 from torch.nn import functional as F
 
 from ..folds import train_val_indices
@@ -90,8 +91,6 @@ def find_image_pairs(folder: str | Path, images: str = "rgb", masks: str = "figu
 def read_image(path: Path, mode: str) -> torch.Tensor:
     """The image at ``path`` decoded by Pillow as uint8 [C, H, W] (mode "RGB": C = 3, "L": grey, C = 1);
     ValueError naming the file when Pillow cannot read it."""
-    from PIL import Image, UnidentifiedImageError
-
     try:
         with Image.open(path) as image:
             array = np.asarray(image.convert(mode))
@@ -126,6 +125,9 @@ def load_segmentation(pairs: list[tuple[Path, Path]], height: int, width: int, h
     loaded = [_load_pair(image, mask, height, width, threshold) for image, mask in pairs]
     rgb = torch.stack([r for r, _ in loaded])
     y = torch.stack([m for _, m in loaded]).flatten(1).long()
+    if not y.any():
+        raise ValueError(f"no pixel of the {len(pairs)} masks in {pairs[0][1].parent} is figure (grey level >= "
+                         f"threshold {threshold}): masks stored as 0 / 1 need data.threshold=1")
     return SegmentationImages(rgb, unary_features(rgb, hog_cell), pairwise_features(rgb), y, height, width,
                               [image.stem for image, _ in pairs])
 
