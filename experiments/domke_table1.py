@@ -223,6 +223,7 @@ def write_horses(out: Path) -> None:
     write_table([{k: v for k, v in c.items() if k not in ("shown", "curve")} for c in tested.values()],
                 out.parent / f"{out.name}_runs")
     detail = [[f"{NAMES[u]} / {NAMES[p]}", f"{c['test_error']:.3f} ({c['paper_test_error']:.3f})",
+               f"{c['standard_error']:.3f}" if "standard_error" in c else "-",
                f"{c['train_error']:.3f}", f"{c['iou']:.3f}", f"{c['image_iou']:.3f}",
                f"{c['image_error_median']:.3f} / {c['image_error_max']:.3f}", c["iterations"],
                f"{c['iteration_seconds']:.1f}", f"{c['seconds_per_iteration']:.1f}"]
@@ -234,11 +235,13 @@ def write_horses(out: Path) -> None:
               f"a seeded split of {first['test_fraction']:.0%} of the 246 for testing), every image and mask resized "
               f"to that grid, HOG cells of {first['hog_cell']} pixels. Cells not run: "
               f"{', '.join(missing) if missing else 'none'}.", "",
-              *markdown(["unary / pairwise", "test error (paper)", "train error", "IoU", "mean image IoU",
-                         "image error median / max", "iterations", "s / iteration", "wall s / iteration"], detail),
-              "", "s / iteration: Algorithm 1's own time per learning iteration (fit u, 25 passes, fit v, 25 passes), "
-              "one thread of a 2-core machine shared with other jobs; wall: the whole run divided by the iterations "
-              "(with the learning curve's evaluations). Curves: "
+              *markdown(["unary / pairwise", "test error (paper)", "standard error", "train error", "IoU",
+                         "mean image IoU", "image error median / max", "iterations", "s / iteration",
+                         "wall s / iteration"], detail),
+              "", "Standard error: of the test error, over the test images (their errors' standard deviation / "
+              "sqrt(number of test images)). s / iteration: Algorithm 1's own time per learning iteration (fit u, 25 "
+              "passes, fit v, 25 passes), one thread of a 2-core machine shared with other jobs; wall: the whole run "
+              "divided by the iterations (with the learning curve's evaluations). Curves: "
               f"`{out.name}_curves.png`; predictions: `{out.name}.png`; every setting: `{out.name}_runs.md`."]
     write_table(_table_rows(tested, PAPER["horses"]), out, footer=footer)
     _curves(tested, out.parent / f"{out.name}_curves.png")
