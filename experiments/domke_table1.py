@@ -254,7 +254,7 @@ def _picture(cells: dict, path: Path, size: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [(f"{u}/{p}", cells[(u, p)]) for u, p in PICTURED if (u, p) in cells]
+    shown = [(f"{u}/{p}", cells[(u, p)]) for u, p in PICTURED if "shown" in cells.get((u, p), {})]
     if not shown:
         return
     noisy, y, _ = (torch.tensor(t) for t in shown[0][1]["shown"])
@@ -309,7 +309,7 @@ def _horse_pictures(cells: dict, path: Path, grid: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [(f"{NAMES[u]} / {NAMES[p]}", cells[(u, p)]) for u, p in PICTURED if (u, p) in cells]
+    shown = [(f"{NAMES[u]} / {NAMES[p]}", cells[(u, p)]) for u, p in PICTURED if "shown" in cells.get((u, p), {})]
     if not shown:
         return
     h, w = map(int, grid.split("x"))
