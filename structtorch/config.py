@@ -17,9 +17,9 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationErr
 
 from .data.download import mulan_datasets
 
-__all__ = ["Config", "DenoisingDataConfig", "ModelConfig", "FixedTreeConfig", "FullConfig", "LogisticConfig",
-           "MAMConfig", "MulanDataConfig", "RTAConfig", "SyntheticDataConfig", "TrainerConfig", "TreeCRFConfig",
-           "TreeCRFSyntheticDataConfig", "SCHEMAS", "describe_config_error", "register_configs"]
+__all__ = ["Config", "DenoisingDataConfig", "HorsesDataConfig", "ModelConfig", "FixedTreeConfig", "FullConfig",
+           "LogisticConfig", "MAMConfig", "MulanDataConfig", "RTAConfig", "SyntheticDataConfig", "TrainerConfig",
+           "TreeCRFConfig", "TreeCRFSyntheticDataConfig", "SCHEMAS", "describe_config_error", "register_configs"]
 
 
 @dataclass
@@ -132,7 +132,8 @@ class MAMConfig(ModelConfig):
 
 @dataclass
 class LogisticConfig(ModelConfig):
-    """LogisticEnergy (Domke 2013): grid energies by message-biased logistic regression (``data=denoising``).
+    """LogisticEnergy (Domke 2013): grid energies by message-biased logistic regression (``data=denoising``,
+    ``data=horses``).
 
     unary / pairwise: zero | const | linear | boost (xgboost; one tree per state per fit) | mlp;
     method: logistic (Algorithm 1) | hinge (end to end, solver adam / adamw / sgd). l2: 0 (the paper's objective has
@@ -242,6 +243,27 @@ class DenoisingDataConfig:
 
 
 @dataclass
+class HorsesDataConfig:
+    """Figure/ground segmentation of photographs (``SegmentationDataModule``): the Weizmann horses of Domke's
+    experiment from the data cache (root None), or any folder of images and masks (``data.root``)."""
+
+    kind: str = "segmentation"
+    name: str = "horses"
+    root: Any = None  # None: $STRUCTTORCH_DATA/horses; a folder with <images>/ + <masks>/, or train/ + test/
+    images: str = "rgb"  # the subfolders of colour images and of their masks (same file name stems)
+    masks: str = "figure_ground"
+    height: int = 45  # the grid every image and mask is resized to (chosen on validation images: README)
+    width: int = 60
+    hog_cell: int = 6  # HOG cell side, in grid pixels (a block: 2 x 2 cells)
+    threshold: int = 128  # mask grey level from which on a pixel is figure
+    test_fraction: float = 0.3  # seeded test share of a <images>/ + <masks>/ folder (train/ + test/: fixed)
+    batch_size: int = 16
+    val_fraction: float = 0.0
+    seed: int = 0
+    num_workers: int = 0
+
+
+@dataclass
 class TrainerConfig:
     """Options passed to ``lightning.Trainer`` (a subset; add more as needed)."""
 
@@ -283,7 +305,7 @@ SCHEMAS: dict[str, type] = {
     "crank_schema": CRANKConfig, "tree_crf_schema": TreeCRFConfig, "rta_schema": RTAConfig, "mam_schema": MAMConfig,
     "logistic_schema": LogisticConfig, "mulan_schema": MulanDataConfig, "synthetic_schema": SyntheticDataConfig,
     "tree_crf_synthetic_schema": TreeCRFSyntheticDataConfig, "denoising_schema": DenoisingDataConfig,
-    "trainer_schema": TrainerConfig,
+    "horses_schema": HorsesDataConfig, "trainer_schema": TrainerConfig,
 }
 
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import torch
 from torchmetrics import Metric, MetricCollection
+from torchmetrics.utilities import dim_zero_cat
 
 from .graph import Graph
 
-__all__ = ["ExampleF1", "HammingAccuracy", "MacroF1", "MicroF1", "PerLabelCounts", "SubsetAccuracy",
-           "edge_recovery", "multilabel_metrics", "multilabel_scores"]
+__all__ = ["ExampleCounts", "ExampleF1", "HammingAccuracy", "MacroF1", "MicroF1", "PerLabelCounts", "SubsetAccuracy",
+           "edge_recovery", "multilabel_metrics", "multilabel_scores", "segmentation_scores"]
 
 
 def _check(preds: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,6 +209,46 @@ class PerLabelCounts(_MultilabelMetric):
         return {"accuracy": ((self.tp + self.tn) / total).float(),
                 "f1": _f1(self.tp, self.fp, self.fn, self.zero_division).float(),
                 "support": self.tp + self.fn}
+
+
+class ExampleCounts(_MultilabelMetric):
+    """Every example's confusion counts, for per-example (per-image) reports: ``compute()`` returns [N, 4] long
+    (tp, fp, fn, tn of each example's labels), gathered from all processes (in an order that may differ from the
+    data's)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.add_state("counts", default=[], dist_reduce_fx="cat")
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        """preds, target: [B, L] in {0, 1}."""
+        p, t = _check(preds, target)
+        self.counts.append(torch.stack([(p & t).sum(-1), (p & ~t).sum(-1), (~p & t).sum(-1), (~p & ~t).sum(-1)], -1))
+
+    def compute(self) -> torch.Tensor:
+        return dim_zero_cat(self.counts) if self.counts else torch.zeros(0, 4, dtype=torch.long)
+
+
+def segmentation_scores(counts: torch.Tensor, zero_division: float = 1.0) -> dict[str, float]:
+    """Figure/ground scores of per-image confusion counts [N, 4] (``ExampleCounts``; label 1 = figure), in [0, 1]:
+
+    ``pixel_error`` (all pixels pooled: Domke's univariate error), ``iou`` (intersection over union of the figure,
+    pooled: tp / (tp + fp + fn)), ``image_iou`` (the mean over images of each image's IoU; ``zero_division`` for an
+    image with no figure, true or predicted), and ``image_error`` / ``image_error_median`` / ``image_error_max``
+    (the mean, median (the lower middle one for an even N) and largest per-image error; the mean equals pixel_error
+    when all images have as many pixels).
+    """
+    if counts.dim() != 2 or counts.shape[1] != 4 or not len(counts):
+        raise ValueError(f"counts must be [N >= 1, 4] (tp, fp, fn, tn per image), got {tuple(counts.shape)}")
+    c = counts.double()
+    tp, fp, fn, tn = c.unbind(-1)
+    errors = (fp + fn) / c.sum(-1)
+    union = tp + fp + fn
+    image_iou = torch.where(union > 0, tp / union.clamp(min=1), torch.full_like(union, zero_division))
+    iou = float(tp.sum() / union.sum()) if union.sum() else zero_division
+    return {"pixel_error": float((fp + fn).sum() / c.sum()), "iou": iou,
+            "image_iou": float(image_iou.mean()), "image_error": float(errors.mean()),
+            "image_error_median": float(errors.median()), "image_error_max": float(errors.max())}
 
 
 def multilabel_metrics(prefix: str = "", num_labels: int | None = None) -> MetricCollection:

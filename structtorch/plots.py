@@ -123,24 +123,29 @@ def per_label_figure(per_label: dict[str, torch.Tensor], label_names: list[str],
     return fig
 
 
-def grid_predictions_figure(noisy: torch.Tensor, y: torch.Tensor, y_hat: torch.Tensor, height: int, width: int,
+def grid_predictions_figure(inputs: torch.Tensor, y: torch.Tensor, y_hat: torch.Tensor, height: int, width: int,
                             title: str = "") -> Figure:
-    """Rows of images: true labels, noisy input, prediction. noisy [M, n] float, y / y_hat [M, n], n = h * w."""
-    rows = [("labels", y), ("input", noisy), ("prediction", y_hat)]
+    """Rows of images: the input, the true labels, the prediction (with its pixel error and figure IoU).
+
+    inputs [M, n] (grey) or [M, n, 3] (RGB), values in [0, 1]; y / y_hat [M, n] in {0, 1}; n = height * width.
+    """
+    pictures = inputs.float().reshape(len(inputs), height, width, -1).clamp(0, 1)
+    rows = [("input", pictures), ("true labels", y), ("prediction", y_hat)]
     m = len(y)
-    fig, axes = plt.subplots(3, m, figsize=(2.2 * m, 6.6), squeeze=False)
+    fig, axes = plt.subplots(3, m, figsize=(2.2 * m * max(1.0, width / height), 6.6), squeeze=False)
     for r, (name, images) in enumerate(rows):
         for c in range(m):
             ax = axes[r][c]
-            ax.imshow(images[c].float().reshape(height, width).numpy(), cmap="gray", vmin=0, vmax=1)
+            image = images[c].float().reshape(height, width, -1)
+            ax.imshow(image[..., 0].numpy() if image.shape[-1] == 1 else image.numpy(), cmap="gray", vmin=0, vmax=1)
             ax.set_xticks([])
             ax.set_yticks([])
             if c == 0:
                 ax.set_ylabel(name)
-        if r == 2:
-            for c in range(m):
-                err = float((y_hat[c] != y[c]).float().mean())
-                axes[r][c].set_xlabel(f"error {err:.3f}")
+    for c in range(m):
+        wrong, union = (y_hat[c] != y[c]).sum(), ((y_hat[c] == 1) | (y[c] == 1)).sum()
+        iou = f", IoU {float(((y_hat[c] == 1) & (y[c] == 1)).sum() / union):.2f}" if union else ""
+        axes[2][c].set_xlabel(f"error {float(wrong / y[c].numel()):.3f}{iou}")
     fig.suptitle(title)
     fig.tight_layout()
     return fig

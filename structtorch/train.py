@@ -2,9 +2,10 @@
 
 Trains a learner, tests it, and writes into the Hydra run directory: ``metrics.json`` (test metrics in
 [0, 1], the last validation metrics, train / test seconds, the learned structure by label name, per-label
-test metrics), ``structure.png`` / ``per_label.png``, checkpoints (``checkpoints/last.ckpt``), TensorBoard
-logs (one run per model/data) and ``train.log``. Resume with ``ckpt_path=<file>``, ``ckpt_path=last`` (the one
-earlier run of the same configuration, wherever it was started: ``structtorch.runs``) or ``resume=<run dir>``.
+test metrics), ``structure.png`` / ``per_label.png`` (grid learners also ``predictions.png``), checkpoints
+(``checkpoints/last.ckpt``), TensorBoard logs (one run per model/data) and ``train.log``. Resume with
+``ckpt_path=<file>``, ``ckpt_path=last`` (the one earlier run of the same configuration, wherever it was started:
+``structtorch.runs``) or ``resume=<run dir>``.
 
 User errors (missing data, bad config values, a typo in an option or key, a trainer this machine cannot run, a
 file that is not a checkpoint of this model) end with one line (``error: ...``) and exit code 2; in a ``-m`` sweep
@@ -37,7 +38,13 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 
 from .config import describe_config_error, register_configs
-from .data import DenoisingDataModule, MultilabelDataModule, SyntheticDataModule, TreeCRFSyntheticDataModule
+from .data import (
+    DenoisingDataModule,
+    MultilabelDataModule,
+    SegmentationDataModule,
+    SyntheticDataModule,
+    TreeCRFSyntheticDataModule,
+)
 from .data.download import DownloadError
 from .graph import check_float
 from .inference import backend
@@ -79,7 +86,11 @@ def build_datamodule(data_cfg: DictConfig, processes: int = 1) -> L.LightningDat
         return TreeCRFSyntheticDataModule(**kwargs)
     if kind == "denoising":
         return DenoisingDataModule(**kwargs)
-    raise ValueError(f"data.kind must be 'mulan', 'synthetic', 'tree_crf_synthetic' or 'denoising', got {kind!r}")
+    if kind == "segmentation":
+        kwargs.pop("name")
+        return SegmentationDataModule(**kwargs)
+    raise ValueError(f"data.kind must be 'mulan', 'synthetic', 'tree_crf_synthetic', 'denoising' or 'segmentation', "
+                     f"got {kind!r}")
 
 
 def build_learner(model_cfg: DictConfig, dm: L.LightningDataModule) -> StructuredLearner:
@@ -94,7 +105,8 @@ def build_learner(model_cfg: DictConfig, dm: L.LightningDataModule) -> Structure
     if grid_data != grid_learner:
         raise ValueError(f"model={name} takes {'grid images' if grid_learner else 'multilabel vectors x [B, D]'}, "
                          f"but the data are {'grid images' if grid_data else 'multilabel vectors'}: "
-                         + ("use a grid learner (model=logistic)" if grid_data else "use grid data (data=denoising)"))
+                         + ("use a grid learner (model=logistic)" if grid_data else "use grid data (data=denoising, "
+                                                                            "data=horses)"))
     if grid_data:
         kwargs.update(dm.learner_inputs)  # grid size, per-edge features, states
     return LEARNERS[name](num_features=num_features, num_labels=num_labels, label_names=names, **kwargs)
@@ -275,11 +287,10 @@ def _run(cfg: DictConfig, out: Path, record: bool) -> dict[str, Any]:
         if cfg.test:
             metrics["per_label"] = model.per_label_summary()
         (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
-        _save_figures(model, out, cfg.test)
+        pictures = _save_figures(model, out, cfg.test)
         shown = None if model.console_metrics is None else [f"test/{k}" for k in model.console_metrics]
         log.info("%s", format_metrics(metrics, shown))
-        log.info("metrics: %s; pictures: %s", out / "metrics.json", ", ".join(
-            str(out / f) for f in ("structure.png", "per_label.png") if (out / f).exists()))
+        log.info("metrics: %s; pictures: %s", out / "metrics.json", ", ".join(map(str, pictures)))
     return metrics
 
 
@@ -290,13 +301,13 @@ def _budget(seconds: Any) -> float | None:
     return check_float(seconds, "trainer.time_budget", 0.0, expected="null or a number of seconds > 0")
 
 
-def _save_figures(model: StructuredLearner, out: Path, tested: bool) -> None:
-    figures = {"structure.png": model.structure_figure()}
-    if tested:
-        figures["per_label.png"] = model.per_label_figure()
+def _save_figures(model: StructuredLearner, out: Path, tested: bool) -> list[Path]:
+    """Write the learner's pictures (structure, and after testing ``test_figures``) into ``out``; their paths."""
+    figures = {"structure.png": model.structure_figure(), **(model.test_figures() if tested else {})}
     for name, fig in figures.items():
         fig.savefig(out / name, dpi=100)
         close_figure(fig)
+    return [out / name for name in figures]
 
 
 def format_metrics(metrics: dict[str, Any], shown: Sequence[str] | None = None) -> str:

@@ -40,18 +40,22 @@ def private_run_index(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def offline_mulan_cache(tmp_path_factory):
-    """CI has no internet: point STRUCTTORCH_DATA at a cache filled from ../shared/data/mulan (when it is
-    beside the checkout), the way an offline user does. Subprocesses inherit it."""
+    """CI has no internet: point STRUCTTORCH_DATA at a cache filled from ../shared/data/mulan and
+    ../shared/data/horses (where they are beside the checkout), the way an offline user does. Subprocesses inherit
+    it."""
     import os
     from pathlib import Path
 
-    from structtorch.data.download import fill_cache_from
+    from structtorch.data.download import fill_cache_from, fill_horses_cache
 
-    shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "mulan"
+    shared = Path(__file__).resolve().parents[2] / "shared" / "data"
     old = os.environ.get("STRUCTTORCH_DATA")
-    if shared.is_dir():
+    if (shared / "mulan").is_dir() or (shared / "horses").is_dir():
         cache = tmp_path_factory.mktemp("structtorch_data")
-        fill_cache_from(shared, cache)
+        if (shared / "mulan").is_dir():
+            fill_cache_from(shared / "mulan", cache)
+        if (shared / "horses").is_dir():
+            fill_horses_cache(shared / "horses", cache)
         os.environ["STRUCTTORCH_DATA"] = str(cache)
     yield
     if old is None:

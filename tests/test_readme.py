@@ -19,6 +19,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_MULAN = REPO.parent / "shared" / "data" / "mulan"
+SHARED_HORSES = REPO.parent / "shared" / "data" / "horses"
 PLACEHOLDER = re.compile(r"<([^<>]+\|[^<>]+)>")
 NEEDS = {"hydra/launcher=submitit_slurm": "needs a SLURM cluster and hydra-submitit-launcher"}
 
@@ -80,18 +81,21 @@ def outputs(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def data_cache(tmp_path_factory) -> Path:
-    from structtorch.data.download import fill_cache_from
+    from structtorch.data.download import fill_cache_from, fill_horses_cache
 
     if not SHARED_MULAN.is_dir():
         pytest.skip("../shared/data/mulan is not beside the checkout (no offline copy of the Mulan files)")
     cache = tmp_path_factory.mktemp("structtorch_data")
     fill_cache_from(SHARED_MULAN, cache)
+    if SHARED_HORSES.is_dir():
+        fill_horses_cache(SHARED_HORSES, cache)
     return cache
 
 
 def majority_hamming(run: Path) -> float | None:
     """Hamming accuracy of predicting each label's majority value on the test labels of ``run`` (its saved Hydra
-    config rebuilds the data; the Mulan files come from ``$STRUCTTORCH_DATA``); None for image data (denoising)."""
+    config rebuilds the data; the Mulan files and the horses come from ``$STRUCTTORCH_DATA``); for photographs
+    (data=horses) the majority over all test pixels (background everywhere); None for the denoising images."""
     from omegaconf import OmegaConf
 
     from structtorch.train import build_datamodule
@@ -102,6 +106,8 @@ def majority_hamming(run: Path) -> float | None:
     dm = build_datamodule(cfg.data)
     dm.setup()
     y = dm.test_tensors[1].float()
+    if cfg.data.kind == "segmentation":
+        y = y.reshape(-1, 1)
     return torch.maximum(y.mean(0), 1 - y.mean(0)).mean().item()
 
 

@@ -97,9 +97,9 @@ def test_every_config_combination_composes(model, data, trainer, monkeypatch):
     assert {f.name for f in dataclasses.fields(ModelConfig)} <= set(cfg.model)
     assert set(cfg.model) - {"name", "tree"} <= params  # "tree" becomes FixedTree's edges in build_learner
     # data
-    assert cfg.data.kind in ("mulan", "synthetic", "tree_crf_synthetic", "denoising")
+    assert cfg.data.kind in ("mulan", "synthetic", "tree_crf_synthetic", "denoising", "segmentation")
     assert isinstance(cfg.data.batch_size, int) and cfg.data.batch_size >= 1
-    if cfg.data.kind == "mulan":
+    if cfg.data.kind in ("mulan", "segmentation"):
         assert cfg.data.name == (data if data != "mulan" else "emotions")
         assert cfg.data.root is None  # default: the download cache ($STRUCTTORCH_DATA), nothing outside the project
     # trainer: exactly the schema's fields, all of them lightning.Trainer arguments

@@ -1,4 +1,5 @@
-"""Mulan datasets by name: a shipped catalog of files (size, sha256) and a verified download cache.
+"""Datasets by name: the Mulan catalog of files (size, sha256) with a verified download cache, and the Weizmann
+horses (images and masks, sha256 shipped in the package) filled into the same cache from a local copy.
 
 Files are cached as ``<cache>/mulan/<dataset>/<file>``, where ``<cache>`` is ``$STRUCTTORCH_DATA``
 (default ``~/.cache/structtorch``). A cached file is used only if its sha256 matches the catalog,
@@ -9,6 +10,10 @@ partial or corrupt file never appears under that name.
 
 The default download source is the Mulan project's GitHub repository at a pinned commit
 (``MULAN_RAW_URL``); ``url=`` points elsewhere (a mirror laid out as ``<url>/<dataset>/<file>``).
+
+The horses live in ``<cache>/horses/{rgb,figure_ground}/horseNNN.jpg``: ``fill_horses_cache(<folder>)`` copies them
+from a local copy, each file checked against ``horses_sha256sums.txt`` (a ``sha256sum`` listing), and
+``horses_dir()`` returns the folder only when every listed file is there with its checksum.
 """
 
 from __future__ import annotations
@@ -32,12 +37,17 @@ from typing import BinaryIO
 
 from tqdm import tqdm
 
-__all__ = ["CATALOG_PATH", "MULAN_COMMIT", "MULAN_RAW_URL", "CatalogFile", "DownloadError", "fetch_mulan",
-           "fill_cache_from", "mulan_cache_dir", "mulan_catalog", "mulan_datasets", "mulan_files"]
+__all__ = ["CATALOG_PATH", "HORSES_SUMS_PATH", "MULAN_COMMIT", "MULAN_RAW_URL", "CatalogFile", "DownloadError",
+           "fetch_mulan", "fill_cache_from", "fill_horses_cache", "horses_checksums", "horses_dir", "mulan_cache_dir",
+           "mulan_catalog", "mulan_datasets", "mulan_files"]
 
 MULAN_COMMIT = "43f6389095ad71984264db4387a8074b22bc7d4a"
 MULAN_RAW_URL = f"https://raw.githubusercontent.com/tsoumakas/mulan/{MULAN_COMMIT}/data/multi-label"
 CATALOG_PATH = resources.files(__package__).joinpath("mulan_catalog.tsv")
+HORSES_SUMS_PATH = resources.files(__package__).joinpath("horses_sha256sums.txt")
+#: where the horses come from, for the error that says how to fill the cache
+HORSES_SOURCE = ("the weizmann_horse_db/ folder of github.com/shenshutao/image_segmentation at commit "
+                 "2653401d6ea617026895aac17059eb57e017abcb")
 TIMEOUT_S = 60.0
 _CHUNK = 1 << 16
 _ARFF_RE = re.compile(r"^(?P<stem>.+?)(?:-(?P<role>train|test))?(?P<sparse>-sparse)?\.arff$")
@@ -208,21 +218,79 @@ def fill_cache_from(src_root: str | os.PathLike, cache_dir: str | os.PathLike | 
             if (size, got) != (entry.size, entry.sha256):
                 raise ValueError(f"{path}: expected {entry.size} bytes with sha256 {entry.sha256} (the catalog), "
                                  f"got {size} bytes with sha256 {got}")
-            target = dest / "mulan" / dataset / entry.file
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = _temp_file(target)
-            try:
-                shutil.copyfile(path, tmp)
-                os.replace(tmp, target)
-            finally:
-                tmp.unlink(missing_ok=True)
+            _copy_atomically(path, dest / "mulan" / dataset / entry.file)
             copied += 1
     if not copied:
         raise ValueError(f"no file of the Mulan catalog found under {src.resolve()} (expected <src_root>/<dataset>/"
                          f"<file>, e.g. <src_root>/emotions/emotions-train.arff)")
 
 
+# ---------------------------------------------------------------------- the Weizmann horses
+def horses_checksums() -> dict[str, str]:
+    """The horses' files, ``rgb/horseNNN.jpg`` and ``figure_ground/horseNNN.jpg``, -> sha256 (``HORSES_SUMS_PATH``)."""
+    sums = {}
+    for k, line in enumerate(HORSES_SUMS_PATH.read_text(encoding="utf-8").splitlines(), start=1):
+        m = re.fullmatch(r"([0-9a-f]{64}) [ *](\S+)", line)
+        if m is None:
+            raise ValueError(f"{HORSES_SUMS_PATH}, line {k}: expected '<sha256>  <file>', got {line!r}")
+        sums[m[2]] = m[1]
+    return sums
+
+
+def horses_dir() -> Path:
+    """``<cache>/horses`` (``$STRUCTTORCH_DATA``, default ``~/.cache/structtorch``) when it holds every file of
+    ``horses_checksums()`` with its sha256; FileNotFoundError naming the folder and how to fill it otherwise."""
+    directory = mulan_cache_dir() / "horses"
+    sums = horses_checksums()
+    missing = [f for f in sums if not (directory / f).is_file()]
+    wrong = [f for f in sums if f not in missing and _sha256(directory / f) != sums[f]]
+    if missing or wrong:
+        what = f"{len(missing)} of its {len(sums)} files are missing" if missing else \
+            f"{len(wrong)} files do not match their sha256 ({', '.join(wrong[:3])})"
+        raise FileNotFoundError(
+            f"the Weizmann horses are not in the data cache {directory} ({what}): fill it with "
+            f"structtorch.data.fill_horses_cache(<folder>) from a copy laid out <folder>/rgb/horseNNN.jpg + "
+            f"<folder>/figure_ground/horseNNN.jpg ({HORSES_SOURCE}), set STRUCTTORCH_DATA to a filled cache, or "
+            f"pass data.root=<folder> to read a folder of images and masks as it is")
+    return directory
+
+
+def fill_horses_cache(src_root: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Copy the horses from a local folder ``<src_root>/rgb/``, ``<src_root>/figure_ground/`` into
+    ``<cache_dir>/horses/`` (cache_dir default: ``mulan_cache_dir()``), offline, and return that folder.
+
+    Every file of ``horses_checksums()`` is checked before anything is copied: FileNotFoundError if some are missing
+    from ``src_root``, ValueError if one's sha256 differs. Other files of ``src_root`` are ignored.
+    """
+    src = Path(os.path.expanduser(os.fspath(src_root)))
+    dest = (Path(os.path.expanduser(os.fspath(cache_dir))) if cache_dir is not None else mulan_cache_dir()) / "horses"
+    sums = horses_checksums()
+    missing = [f for f in sums if not (src / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{src.resolve()} lacks {len(missing)} of the {len(sums)} horse files (e.g. "
+                                f"{', '.join(missing[:3])}); expected <folder>/rgb/horseNNN.jpg and "
+                                f"<folder>/figure_ground/horseNNN.jpg ({HORSES_SOURCE})")
+    for f, expected in sums.items():
+        got = _sha256(src / f)
+        if got != expected:
+            raise ValueError(f"{src / f}: sha256 {got}, expected {expected} (structtorch's {HORSES_SUMS_PATH.name})")
+    for f in sums:
+        _copy_atomically(src / f, dest / f)
+    return dest
+
+
 # ---------------------------------------------------------------------- helpers
+def _copy_atomically(path: Path, target: Path) -> None:
+    """Copy ``path`` to ``target`` through a temporary file beside it: ``target`` is never partly written."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_file(target)
+    try:
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -420,6 +420,10 @@ class StructuredLearner(L.LightningModule):
         """A matplotlib Figure of the last test run's per-label accuracy and F1."""
         return per_label_figure(self.test_per_label, self.label_names, f"{type(self).__name__}: per-label test")
 
+    def test_figures(self) -> dict[str, Any]:
+        """The pictures of the last test run, by file name (the CLI saves them in the run directory)."""
+        return {"per_label.png": self.per_label_figure()}
+
     def _log_figure(self, tag: str, fig) -> None:
         """Add ``fig`` to TensorBoard (when that is the logger) and close it."""
         if isinstance(self.logger, L.pytorch.loggers.TensorBoardLogger) and self.trainer.is_global_zero:

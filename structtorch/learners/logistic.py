@@ -18,6 +18,7 @@ import torch
 from ..energies import FUNCTIONS, GridEnergy, make_function
 from ..graph import Graph, check_float, check_int
 from ..inference import smoothed_lp
+from ..metrics import ExampleCounts, segmentation_scores
 from ..plots import grid_functions_figure, grid_predictions_figure, pixel_accuracy_figure
 from ..potentials import Potentials
 from ..state import ExampleState
@@ -33,8 +34,9 @@ METHODS = ("logistic", "hinge")
 class LogisticEnergy(StructuredLearner):
     """Domke's learner on grid images: F(x, y) = sum_i u(phi_i, y_i) + sum_ij v(phi_ij, y_i, y_j).
 
-    Batches are ``(GridInputs, y [B, n], index [B])`` (``data=denoising``); the label graph is
-    ``Graph.grid(height, width)``, n = height * width pixels with ``num_states`` states each.
+    Batches are ``(GridInputs, y [B, n], index [B])`` (``data=denoising``, ``data=horses``); the label graph is
+    ``Graph.grid(height, width)``, n = height * width pixels with ``num_states`` states each. Testing adds the
+    figure/ground scores of ``metrics.segmentation_scores`` (pixel error, IoU, per-image errors) to the metrics.
 
     Args:
         num_features, num_pair_features: Du and Dp, the per-pixel and per-edge features.
@@ -52,8 +54,10 @@ class LogisticEnergy(StructuredLearner):
             weights and SGD orders (and xgboost's seed).
         margin_scale: weight of the Hamming term Delta.
         l2: 0 (default; the paper's objective has no regulariser, and Algorithm 1 takes no other); with
-            method="hinge", the weight of lambda/2 ||w||^2 on the functions' parameters. Other args as
-            ``StructuredLearner``.
+            method="hinge", the weight of lambda/2 ||w||^2 on the functions' parameters.
+        picture_features: the unary features the prediction pictures show as the input image, one (grey) or three
+            (RGB, in [0, 1]); default the first (the datamodule passes its own, e.g. data=horses its RGB).
+        Other args as ``StructuredLearner``.
     """
 
     def __init__(self, num_features: int, num_labels: int, height: int, width: int, num_pair_features: int,
@@ -61,7 +65,7 @@ class LogisticEnergy(StructuredLearner):
                  eps: float = 0.1, passes: int = 25, predict_iters: int = 100, predict_eps: float | None = None,
                  fit_iters: int = 50, hidden: int = 20, unary_lr: float = 0.25, pairwise_lr: float = 0.05,
                  fit_epochs: int = 5, seed: int = 0, test_inference: str = "smoothed_lp", solver: str = "auto",
-                 l2: float = 0.0, **kwargs) -> None:
+                 l2: float = 0.0, picture_features: list[int] | None = None, **kwargs) -> None:
         if method not in METHODS:
             raise ValueError(f"model.method must be one of {METHODS}, got {method!r}")
         for name, v in (("unary", unary), ("pairwise", pairwise)):
@@ -84,6 +88,10 @@ class LogisticEnergy(StructuredLearner):
             check_float(v, f"model.{name}", 0.0)
         for name, v in (("passes", passes), ("predict_iters", predict_iters)):
             check_int(v, f"model.{name}", 1)
+        picture_features = [0] if picture_features is None else list(picture_features)
+        if len(picture_features) not in (1, 3) or not all(0 <= int(f) < num_features for f in picture_features):
+            raise ValueError(f"picture_features must name 1 (grey) or 3 (RGB) of the {num_features} unary features, "
+                             f"got {picture_features!r}")
         self._opts = dict(height=height, width=width, num_pair_features=num_pair_features, num_states=num_states,
                           unary=unary, pairwise=pairwise, eps=float(eps), fit_iters=fit_iters, hidden=hidden,
                           unary_lr=unary_lr, pairwise_lr=pairwise_lr, fit_epochs=fit_epochs, seed=seed)
@@ -92,11 +100,13 @@ class LogisticEnergy(StructuredLearner):
         self.example_state = ExampleState()  # Domke's lambda^k: [N_train, E, 2, K]
         self.example_state.add("messages", (self.graph.num_edges, 2, num_states))
         self._test_examples: tuple[torch.Tensor, ...] | None = None  # first test images, for the picture
+        self.picture_features = picture_features
+        self.image_counts = ExampleCounts()  # per test image: tp, fp, fn, tn
 
     grid_inputs = True  # train.build_learner: takes GridInputs batches and the grid sizes
     #: per-pixel accuracy (Domke's test error is 1 - it); a whole image is never exactly right, so subset accuracy
     #: and the per-image F1 say nothing here
-    console_metrics = ("hamming_acc",)
+    console_metrics = ("hamming_acc", "iou", "image_iou", "image_error_median", "image_error_max")
 
     # ------------------------------------------------------------------ energy
     def build_energy(self) -> GridEnergy:
@@ -134,16 +144,30 @@ class LogisticEnergy(StructuredLearner):
         x, y = batch[0], batch[1]
         y_hat = self._evaluate(batch, self.test_metrics)
         self.per_label.update(y_hat, y)
+        self.image_counts.update(y_hat, y)
         if batch_idx == 0:
-            self._test_examples = (x.unary[:4, :, 0].cpu(), y[:4].cpu(), y_hat[:4].cpu())
+            self._test_examples = (x.unary[:4, :, self.picture_features].cpu(), y[:4].cpu(), y_hat[:4].cpu())
+
+    def on_test_epoch_start(self) -> None:
+        super().on_test_epoch_start()
+        self.image_counts.reset()
 
     def on_test_epoch_end(self) -> None:
         super().on_test_epoch_end()
+        for name, value in segmentation_scores(self.image_counts.compute()).items():
+            self.log(f"test/{name}", value)
         if self._test_examples is not None:
             self._log_figure("test/predictions", self.predictions_figure())
 
+    def test_figures(self) -> dict[str, Any]:
+        """The per-pixel accuracy and ``predictions.png`` (``predictions_figure``)."""
+        figures = super().test_figures()
+        if self._test_examples is not None:
+            figures["predictions.png"] = self.predictions_figure()
+        return figures
+
     def predictions_figure(self):
-        """Test images of the last test run: labels, noisy input (first unary feature), predictions."""
+        """The first test images of the last test run: input (``picture_features``), true labels, predictions."""
         o = self._opts
         return grid_predictions_figure(*self._test_examples, o["height"], o["width"],
                                        f"LogisticEnergy ({o['unary']} / {o['pairwise']}, {self.hparams.method})")
