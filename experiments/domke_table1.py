@@ -3,7 +3,7 @@ denoising images (left half) or the Weizmann horses (right half, ``--dataset hor
 
     python experiments/domke_table1.py [--dataset denoising|horses] [--cells linear/linear mlp/mlp ...] [--iters 150]
         [--size 100] [--fit-epochs 5] [--train 16] [--test 16] [--method logistic|hinge] [--lr 1.0] [--batch-size 1]
-        [--height 45 --width 60 --hog-cell 6 --test-fraction 0.3 --val-fraction 0] [--curve-every 10]
+        [--height 45 --width 60 --hog-cell 6 --root <folder> --test-fraction 0.3 --val-fraction 0] [--curve-every 10]
         [--device cpu] [--out experiments/results/domke_table1[_horses]] [--table-only]
 
 Each cell trains ``LogisticEnergy`` (Algorithm 1: fit u, 25 message passes, fit v, 25 passes; eps = .1) for
@@ -20,10 +20,12 @@ objective on 40 x 40 images), shown as a second table.
 
 Horses (``--dataset horses``): ``data=horses`` from the data cache (``structtorch.data.fill_horses_cache``), every
 image resized to ``--height`` x ``--width``, Domke's 42 unary and 3 pairwise features (HOG cells of ``--hog-cell``
-pixels), a seeded split of ``--test-fraction`` of the 246 images for testing. The table also gives each cell's IoU
-and per-image errors (``structtorch.metrics.segmentation_scores``); ``<out>_curves.png`` is the paper's Fig. 2
-(learning curves) and ``<out>.png`` its Fig. 3 (test images, true masks, predictions). ``--val-fraction f``
-holds out a seeded share f of the *training* images and reports the error on them instead of on the test images:
+pixels), a seeded split of ``--test-fraction`` of the 246 images for testing (``--root <folder>``: any folder of
+images and masks, as ``data.root``; with ``<folder>/train`` + ``<folder>/test`` the split is the folders'; give it
+its own ``--out``). The table also gives each cell's IoU and per-image errors
+(``structtorch.metrics.segmentation_scores``); ``<out>_curves.png`` is the paper's Fig. 2 (learning curves) and
+``<out>.png`` its Fig. 3 (test images, true masks, predictions). ``--val-fraction f`` holds out a seeded share f of
+the *training* images and reports the error on them instead of on the test images:
 how the grid size and the HOG cell were chosen (``<out>_selection.md``), without the test images.
 
 Cells run one at a time; each writes ``<out>_cells/<unary>_<pairwise>[_hinge|_<grid>_val].json`` so a long
@@ -98,7 +100,7 @@ def datamodule(args: argparse.Namespace):
     if args.dataset == "denoising":
         return DenoisingDataModule(num_train=args.train, num_test=args.test, height=args.size, width=args.size,
                                    batch_size=args.batch_size)
-    return SegmentationDataModule(height=args.height, width=args.width, hog_cell=args.hog_cell,
+    return SegmentationDataModule(root=args.root, height=args.height, width=args.width, hog_cell=args.hog_cell,
                                   test_fraction=args.test_fraction, val_fraction=args.val_fraction,
                                   batch_size=args.batch_size)
 
@@ -346,6 +348,8 @@ def main() -> None:
     ap.add_argument("--height", type=int, default=45, help="horses: the grid every image is resized to")
     ap.add_argument("--width", type=int, default=60)
     ap.add_argument("--hog-cell", type=int, default=6, help="horses: HOG cell side in grid pixels")
+    ap.add_argument("--root", default=None, help="horses: a folder of images and masks, as data.root (<root>/rgb + "
+                    "figure_ground split by --test-fraction, or <root>/train/ + <root>/test/); default: the cache")
     ap.add_argument("--test-fraction", type=float, default=0.3, help="horses: seeded share of the images for testing")
     ap.add_argument("--val-fraction", type=float, default=0.0,
                     help="horses: > 0 holds out this share of the training images and reports the error on them")
