@@ -1,6 +1,7 @@
 # Set-up + run. `make train` / `make test` work from a clean clone: they create .venv if no
 # virtualenv is active, install torch 2.13.0 only when no torch is importable (a user's CUDA
-# torch is never replaced: the venv sees system site-packages), then install structtorch.
+# torch is never replaced: the venv sees system site-packages), then install structtorch and build its fused CPU
+# kernels (fused=auto runs use them; where they do not build, runs use the eager passes).
 ifdef VIRTUAL_ENV
 VENV := $(VIRTUAL_ENV)
 else
@@ -16,6 +17,9 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv --system-site-packages $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e ".[dev]"
+	@echo "building the fused CPU kernels (once: a few minutes; cached in ~/.cache/torch_extensions)"
+	@$(PY) -c "from structtorch.inference import fused; fused.kernels()" >/dev/null 2>&1 \
+		|| echo "the fused CPU kernels did not build (no C++ compiler or ninja?): runs use the eager passes"
 	@touch $(STAMP)
 
 train: setup

@@ -294,7 +294,9 @@ class Config:
     resume: Any = None  # resume from <run dir>/checkpoints/last.ckpt
     logger: str = "tensorboard"  # "tensorboard", "csv" or "none"
     test: bool = True
-    fused: bool = False  # tree ops and smoothed LP of CPU tensors by the fused C++ kernels, for this run
+    fused: Any = "auto"  # tree ops and smoothed LP of CPU tensors by the fused C++ kernels: auto = on a CPU run
+    # where they build (built once, cached; else the eager passes with one warning); true (an error where they cannot
+    # be built); false = the eager passes
 
 
 #: the schemas the YAML files of ``conf/`` extend (``defaults: [/<name>@_here_]``), stored at the root of the

@@ -47,7 +47,7 @@ from .data import (
 )
 from .data.download import DownloadError
 from .graph import check_float
-from .inference import backend
+from .inference import backend, fused
 from .learners import LEARNERS, StructuredLearner
 from .plots import close_figure
 from .progress import time_budget
@@ -246,8 +246,34 @@ def run(cfg: DictConfig, out_dir: str | Path, record: bool = False) -> dict[str,
     """Train + test as configured; returns the metrics also written to ``out_dir/metrics.json``. The inference
     backend (``fused``) holds for this run only. ``record``: add the run to the run index that ``ckpt_path=last``
     searches (``structtorch.runs``; the CLI does for single runs)."""
-    with backend("fused" if cfg.fused else "eager"):
+    with backend(run_backend(cfg)):
         return _run(cfg, Path(out_dir), record)
+
+
+def run_backend(cfg: DictConfig) -> str:
+    """The inference backend of a run (``cfg.fused``): true -> "fused" (the kernels built now; an error where they
+    cannot be), false -> "eager"; auto (the default) -> "fused" for a run on the CPU where the kernels are built or
+    build (the first time one line says so: a few minutes, then cached), else "eager" (one warning where the build
+    fails). CUDA tensors run the eager passes whatever is chosen."""
+    choice = cfg.get("fused", "auto")
+    if choice is True or choice is False:
+        return "fused" if choice else "eager"
+    if choice != "auto":
+        raise UserError(f"fused must be auto, true or false, got {choice!r}")
+    accelerator = cfg.trainer.accelerator
+    if accelerator not in ("cpu", "auto") or (accelerator == "auto" and torch.cuda.is_available()):
+        return "eager"
+    if not fused.built():
+        from torch.utils.cpp_extension import get_default_build_root
+
+        log.info("building the fused CPU kernels (first run only: a few minutes with the C++ compiler, then cached "
+                 "in %s; fused=false skips them)", get_default_build_root())
+    try:
+        fused.kernels()
+    except RuntimeError as err:
+        log.warning("%s Running on them (fused=false silences this).", err)
+        return "eager"
+    return "fused"
 
 
 def _run(cfg: DictConfig, out: Path, record: bool) -> dict[str, Any]:

@@ -31,7 +31,15 @@ from structtorch.config import ModelConfig, TrainerConfig
 from structtorch.graph import Graph
 from structtorch.learners import LEARNERS, M3N, FixedTree, Independent, StructuredLearner
 from structtorch.structure.edge_scores import chow_liu_tree
-from structtorch.train import build_datamodule, build_learner, format_metrics, run, world_size  # registers the schemas
+from structtorch.train import (
+    UserError,
+    build_datamodule,
+    build_learner,
+    format_metrics,
+    run,
+    run_backend,
+    world_size,  # registers the schemas
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -286,7 +294,7 @@ def test_fused_run_trains_the_same_model(tmp_path, monkeypatch):
     ran_fused = []
     monkeypatch.setattr(tree, "fused_active", lambda t: ran_fused.append(inference.fused_active(t)) or ran_fused[-1])
     overrides = ["model=fixed_tree", "model.loss=crf", "logger=none", "trainer.max_epochs=5"]
-    eager = run(small_cfg(*overrides), tmp_path / "eager")
+    eager = run(small_cfg(*overrides, "fused=false"), tmp_path / "eager")
     assert ran_fused and not any(ran_fused)
     ran_fused.clear()
     fast = run(small_cfg(*overrides, "fused=true"), tmp_path / "fused")
@@ -294,6 +302,27 @@ def test_fused_run_trains_the_same_model(tmp_path, monkeypatch):
     assert inference.current_backend() == "eager"
     for key in ("test/hamming_acc", "test/subset_acc", "test/example_f1"):
         assert fast[key] == pytest.approx(eager[key], abs=1e-6), key
+
+
+def test_fused_auto_runs_the_kernels_on_cpu_and_falls_back_with_one_warning(tmp_path, monkeypatch, caplog):
+    """The default ``fused=auto``: a CPU run takes the fused kernels where they build, a GPU run the eager passes
+    (its tensors are CUDA), and where the build fails the run goes on eagerly after one warning."""
+    from structtorch.inference import fused
+
+    assert compose_cfg([]).fused == "auto"
+    if fused.built():  # CI builds them for the fused tests; elsewhere building would take minutes
+        assert run_backend(small_cfg("trainer=cpu")) == "fused"
+    assert run_backend(small_cfg("trainer=gpu")) == "eager"
+    assert run_backend(small_cfg("trainer=cpu", "fused=false")) == "eager"
+    monkeypatch.setattr(fused, "built", lambda: False)
+    monkeypatch.setattr(fused, "kernels", lambda: (_ for _ in ()).throw(RuntimeError("no compiler")))
+    with caplog.at_level("INFO", logger="structtorch.train"):
+        assert run_backend(small_cfg("trainer=cpu")) == "eager"
+    said = [r.getMessage() for r in caplog.records]
+    assert any("building the fused CPU kernels" in m for m in said)
+    assert [r.levelname for r in caplog.records if "no compiler" in r.getMessage()] == ["WARNING"]
+    with pytest.raises(UserError, match="fused must be auto, true or false"):
+        run_backend(small_cfg("fused=sometimes"))
 
 
 def test_run_without_test_writes_only_timing(tmp_path):

@@ -21,27 +21,41 @@ import torch
 
 from ..graph import Schedule
 
-__all__ = ["forest", "kernels"]
+__all__ = ["built", "forest", "kernels"]
 
-_BUILT: dict[str, ModuleType | None] = {"module": None}
+_BUILT: dict[str, ModuleType | RuntimeError | None] = {"module": None, "error": None}
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("tree_cpu.cpp", "lp_cpu.cpp", "module.cpp")]
+
+
+def _name() -> str:
+    avx2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    return "structtorch_cpu" + ("_avx2" if avx2 else "")
+
+
+def built() -> bool:
+    """Whether the kernels are loaded in this process or a build of them is in the extensions cache (then
+    ``kernels()`` loads it in about a second; otherwise it compiles them, a few minutes)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return _BUILT["module"] is not None or any(Path(get_default_build_root()).glob(f"*/{_name()}/{_name()}*.so"))
 
 
 def kernels() -> ModuleType:
     """The built extension (built on the first call)."""
+    if _BUILT.get("error") is not None:  # a failed build is not tried again in this process
+        raise _BUILT["error"]
     if _BUILT["module"] is None:
         from torch.utils.cpp_extension import load
 
-        avx2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-        arch = ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"] if avx2 else \
-            ["-DCPU_CAPABILITY=DEFAULT"]
+        arch = ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"] if _name().endswith("avx2") \
+            else ["-DCPU_CAPABILITY=DEFAULT"]
         try:
-            _BUILT["module"] = load(name="structtorch_cpu" + ("_avx2" if avx2 else ""),
-                                    sources=[str(s) for s in _SOURCES], extra_cflags=["-O3", "-fopenmp", *arch],
-                                    extra_ldflags=["-fopenmp"])
+            _BUILT["module"] = load(name=_name(), sources=[str(s) for s in _SOURCES],
+                                    extra_cflags=["-O3", "-fopenmp", *arch], extra_ldflags=["-fopenmp"])
         except Exception as err:  # noqa: BLE001 - any build failure means the same to the user
-            raise RuntimeError(f"backend 'fused': building the fused CPU kernels ({_SOURCES[0].parent}) failed; "
-                               f"they need a C++ compiler and ninja. The eager passes still work.") from err
+            _BUILT["error"] = RuntimeError(f"backend 'fused': building the fused CPU kernels ({_SOURCES[0].parent}) "
+                                           f"failed; they need a C++ compiler and ninja. The eager passes still work.")
+            raise _BUILT["error"] from err
     return _BUILT["module"]
 
 
