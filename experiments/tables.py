@@ -18,7 +18,7 @@ def write_table(rows: list[dict], out: Path, columns: list[str] | None = None, f
         w.writeheader()
         w.writerows(rows)
     keys = columns or list(rows[0])
-    text = "\n".join([*markdown(keys, [[r[k] for k in keys] for r in rows]), *footer]) + "\n"
+    text = "\n".join([*markdown(keys, [[r.get(k, "") for k in keys] for r in rows]), *footer]) + "\n"
     out.with_suffix(".md").write_text(text)
     print(text)
 
