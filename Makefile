@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv --system-site-packages $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e ".[dev]"
-	@echo "building the fused CPU kernels (once: a few minutes; cached in ~/.cache/torch_extensions)"
+	@echo "building the fused CPU kernels (once: a few minutes; cached in ~/.cache/torch_extensions, per checkout)"
 	@$(PY) -c "from structtorch.inference import fused; fused.kernels()" >/dev/null 2>&1 \
 		|| echo "the fused CPU kernels did not build (no C++ compiler or ninja?): runs use the eager passes"
 	@touch $(STAMP)

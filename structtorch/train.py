@@ -264,10 +264,8 @@ def run_backend(cfg: DictConfig) -> str:
     if accelerator not in ("cpu", "auto") or (accelerator == "auto" and torch.cuda.is_available()):
         return "eager"
     if not fused.built():
-        from torch.utils.cpp_extension import get_default_build_root
-
         log.info("building the fused CPU kernels (first run only: a few minutes with the C++ compiler, then cached "
-                 "in %s; fused=false skips them)", get_default_build_root())
+                 "in %s; fused=false skips them)", fused.build_directory())
     try:
         fused.kernels()
     except RuntimeError as err:

@@ -7,13 +7,14 @@ rule, the dual value and the pseudo-marginals in one kernel call. In both, the b
 torch's threads and into cache-sized chunks, transposed to batch-minor buffers whose inner loops are SIMD
 loops over the chunk's entries (ATen's ``Vectorized``, SLEEF's exp and log), and the outputs are written in
 the caller's layout. The kernels are built with the system's C++ compiler by ``torch.utils.cpp_extension``
-for the CPU's vector extension (AVX2 + FMA where torch reports AVX2 or AVX-512, else portable code; cached
-under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``; a few minutes the first time). CUDA
+for the CPU's vector extension (AVX2 + FMA where torch reports AVX2 or AVX-512, else portable code; a few
+minutes the first time, then cached per checkout and torch installation: ``build_directory()``). CUDA
 tensors keep the eager (or compiled) passes, which stay the reference in the tests.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from types import ModuleType
 
@@ -21,7 +22,7 @@ import torch
 
 from ..graph import Schedule
 
-__all__ = ["built", "forest", "kernels"]
+__all__ = ["build_directory", "built", "forest", "kernels"]
 
 _BUILT: dict[str, ModuleType | RuntimeError | None] = {"module": None, "error": None}
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("tree_cpu.cpp", "lp_cpu.cpp", "module.cpp")]
@@ -32,12 +33,20 @@ def _name() -> str:
     return "structtorch_cpu" + ("_avx2" if avx2 else "")
 
 
-def built() -> bool:
-    """Whether the kernels are loaded in this process or a build of them is in the extensions cache (then
-    ``kernels()`` loads it in about a second; otherwise it compiles them, a few minutes)."""
+def build_directory() -> Path:
+    """Where this copy of the package builds and caches its kernels: a folder of torch's extensions cache
+    (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) named after the sources' location and the
+    torch installation, so two checkouts or environments never rebuild over each other's build."""
     from torch.utils.cpp_extension import get_default_build_root
 
-    return _BUILT["module"] is not None or any(Path(get_default_build_root()).glob(f"*/{_name()}/{_name()}*.so"))
+    key = hashlib.sha1(f"{_SOURCES[0].parent}|{torch.__file__}|{torch.__version__}".encode()).hexdigest()[:12]
+    return Path(get_default_build_root()) / f"{_name()}-{key}"
+
+
+def built() -> bool:
+    """Whether the kernels are loaded in this process or built in ``build_directory()`` (then ``kernels()``
+    loads them in about a second; otherwise it compiles them, a few minutes)."""
+    return _BUILT["module"] is not None or any(build_directory().glob(f"{_name()}*.so"))
 
 
 def kernels() -> ModuleType:
@@ -50,7 +59,9 @@ def kernels() -> ModuleType:
         arch = ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"] if _name().endswith("avx2") \
             else ["-DCPU_CAPABILITY=DEFAULT"]
         try:
-            _BUILT["module"] = load(name=_name(), sources=[str(s) for s in _SOURCES],
+            folder = build_directory()
+            folder.mkdir(parents=True, exist_ok=True)
+            _BUILT["module"] = load(name=_name(), sources=[str(s) for s in _SOURCES], build_directory=str(folder),
                                     extra_cflags=["-O3", "-fopenmp", *arch], extra_ldflags=["-fopenmp"])
         except Exception as err:  # noqa: BLE001 - any build failure means the same to the user
             _BUILT["error"] = RuntimeError(f"backend 'fused': building the fused CPU kernels ({_SOURCES[0].parent}) "
