@@ -144,12 +144,7 @@ def train_forests(x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor, lam: 
                            bias_reg=bias_reg, tol=tol)
     if start is not None:
         solver.eps = start[0].eps[start[1]].expand_as(solver.eps).clone()
-    if iterations is None:
-        solver.fit()
-    else:
-        solver.run(iterations)
-        solver.certify()
-    return solver
+    return solver.solve(iterations)
 
 
 def forest_objectives(x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor, lam: float, bias_reg: float = 1e-4,
@@ -222,12 +217,7 @@ class ComponentModels:
                                margin_scale=hp.margin_scale, bias_reg=learner.bias_reg, tol=hp.tol)
         if eps is not None:
             solver.eps.fill_(eps)
-        if iterations is None:
-            solver.fit()
-        else:
-            solver.run(iterations)
-            solver.certify()
-        return solver
+        return solver.solve(iterations)
 
     def objectives(self, solver: SmoothedLBFGS, bias_reg: float) -> torch.Tensor:
         """Each component's M3N objective [G] (float64) at the solver's weights: l2 on its weights (``bias_reg``

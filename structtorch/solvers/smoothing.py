@@ -369,6 +369,16 @@ class SmoothedLBFGS(SmoothedHinge):
             info = self.certify()
         return info
 
+    def solve(self, iterations: int | None = None) -> SmoothedLBFGS:
+        """``fit()`` to the certificate (None), or exactly ``iterations`` L-BFGS iterations and a certificate of
+        where they end (``last``); returns the solver."""
+        if iterations is None:
+            self.fit()
+        else:
+            self.run(iterations)
+            self.certify()
+        return self
+
     def _gap_note(self) -> str:
         """The last certificate, for progress lines."""
         if self.last is None:
