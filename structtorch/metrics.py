@@ -226,7 +226,8 @@ class ExampleCounts(_MultilabelMetric):
         self.counts.append(torch.stack([(p & t).sum(-1), (p & ~t).sum(-1), (~p & t).sum(-1), (~p & ~t).sum(-1)], -1))
 
     def compute(self) -> torch.Tensor:
-        return dim_zero_cat(self.counts) if self.counts else torch.zeros(0, 4, dtype=torch.long)
+        # a list of [B, 4] here, one [N, 4] tensor once synced across processes
+        return dim_zero_cat(self.counts) if len(self.counts) else torch.zeros(0, 4, dtype=torch.long)
 
 
 def segmentation_scores(counts: torch.Tensor, zero_division: float = 1.0) -> dict[str, float]:
