@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import lightning as L
@@ -299,6 +300,29 @@ def test_greedy_by_components_reaches_the_objective_of_its_forest_trained_whole(
     objectives = [step["objective"] for step in model.search_log]
     assert objectives[-1] == pytest.approx(float(whole[0]), rel=2e-5) and int(forest.sum()) >= 2
     assert all(b < a for a, b in zip(objectives, objectives[1:]))
+
+
+def test_greedy_hands_its_component_models_to_the_final_fit():
+    """The final fit starts from the search's certified component models, which together are the forest's optimum:
+    before any final iteration (a run whose time budget the search spent) the model predicts as the forest trained
+    whole, not as zero weights (all-negative labels)."""
+    from structtorch.data import crank_synthetic
+
+    d = crank_synthetic(150, 200, 5, 3, seed=0)
+    model = Greedy(3, 5, l2=0.01, tol=1e-5)
+    model.resolve_l2(150)
+    forest = model.build_structure(d.x_train, d.y_train)
+    model.set_structure(forest)
+    whole = train_forests(d.x_train.double(), d.y_train, forest[None], 0.01, model.bias_reg, tol=1e-5, spin=True)
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        reference.energy.unary.weight.copy_(whole.energy.unary.weight[0])
+        reference.energy.unary.bias.copy_(whole.energy.unary.bias[0])
+        reference.energy.edge_weight.copy_(whole.energy.edge_weight[0, forest])
+        x = d.x_test.to(next(model.energy.parameters()).dtype)
+        started = model(x)
+        assert float((started == reference(x)).float().mean()) > 0.99
+    assert float((started == d.y_test).all(1).float().mean()) > float((d.y_test == 0).all(1).float().mean()) + 0.2
 
 
 def test_greedy_bad_search_iters(small):

@@ -288,6 +288,24 @@ class Greedy(_StructureSearch):
         self.save_hyperparameters({"search_iters": search_iters})
 
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        forest, weights = self._search(x, y)
+        self._warm_start(weights)
+        return forest
+
+    def _warm_start(self, weights: tuple[torch.Tensor, ...]) -> None:
+        """Start the final fit from the search's certified component models (W [n, D], b [n], pair [n, n]):
+        together they are the forest's model (the objective splits over components), so the fit starts near its
+        optimum, and a run whose time budget the search spent predicts with them instead of with zeros."""
+        W, b, pair = weights
+        energy = self.energy
+        i, j = energy.graph.edges.T
+        with torch.no_grad():
+            energy.unary.weight.copy_(W.expand_as(energy.unary.weight))
+            energy.unary.bias.copy_(b.expand_as(energy.unary.bias))
+            energy.edge_weight.copy_(pair[i, j].expand_as(energy.edge_weight))
+
+    def _search(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The greedy forest [E] (bool over the candidate graph) and its component models' weights."""
         graph = self.energy.graph
         n, edges = graph.num_nodes, graph.edges
         component = torch.arange(n)  # each label's component, named by one of its labels
@@ -304,10 +322,10 @@ class Greedy(_StructureSearch):
         while True:
             joins = component[edges[:, 0]] != component[edges[:, 1]]  # the edges that keep a forest
             if not bool(joins.any()):
-                return forest
+                return forest, weights
             if out_of_time():
                 log.warning("Greedy: the run's time budget is spent; the search stops at %d edges", int(forest.sum()))
-                return forest
+                return forest, weights
             self._rank(x, y, (joins & gains.isnan()).nonzero()[:, 0], component, forest, objective, weights, eps, gains)
             best = int(torch.where(joins, gains, float("-inf")).argmax())
             models = ComponentModels([self._merged(best, component, forest)], n)
@@ -315,7 +333,7 @@ class Greedy(_StructureSearch):
             a, b = component[edges[best]].tolist()
             merged = float(models.objectives(certified, self.bias_reg)[0])
             if merged >= float(objective[a] + objective[b]):
-                return forest
+                return forest, weights
             forest[best] = True
             component[component == b] = a
             objective[a] = merged
