@@ -331,7 +331,7 @@ def test_default_l2_scales_with_the_training_set(name, dm):
         model = LEARNERS[name](dm.num_features, dm.num_labels)
         L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                   enable_model_summary=False).fit(model, datamodule=small)
-        assert model.solver_report()["l2"] == [pytest.approx(type(model).auto_l2 / rows)]
+        assert model.solver_report()["l2"] == [pytest.approx(model.auto_l2 / rows)]
     given = LEARNERS[name](dm.num_features, dm.num_labels, l2=0.25)
     assert given.l2_grid == [0.25] and given.resolve_l2(17) == [0.25]
     with pytest.raises(ValueError, match="l2 must be 'auto', a number >= 0 or a non-empty list"):
