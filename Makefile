@@ -26,7 +26,7 @@ train: setup
 	$(PY) -m structtorch.train $(ARGS)
 
 test: setup
-	$(PY) -m pytest -x -q $(ARGS)
+	$(PY) -m pytest -x -q --durations=15 $(ARGS)
 
 lint: setup
 	$(PY) -m ruff check structtorch tests scripts experiments

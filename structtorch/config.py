@@ -181,6 +181,7 @@ class MulanDataConfig:
     test_fraction: float = 0.3
     label_attributes: Any = None  # int or None: labels = last L attributes when there is no XML
     max_labels: Any = None  # int or None: keep the L most frequent labels of the training file
+    max_rows: Any = None  # int or None: a seeded random subset of the training file's rows
 
 
 @dataclass

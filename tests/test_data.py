@@ -516,3 +516,21 @@ def test_synthetic_datamodule_runs_in_a_trainer(tmp_path: Path) -> None:
         warnings.simplefilter("ignore")
         trainer.fit(Probe(dm.num_features, dm.num_labels), datamodule=dm)
     assert "val/loss" in trainer.callback_metrics
+
+
+def test_max_rows_keeps_a_seeded_subset_of_the_training_file():
+    """data.max_rows: that many rows of the training file, the same ones for the same seed, in file order; the
+    test file is untouched; a bad value is a clear error."""
+    x, y, _, _ = cached_mulan("emotions", "train")
+    dm = MultilabelDataModule(name="emotions", max_rows=100, val_fraction=0.0, standardize=False)
+    dm.setup()
+    sub_x, sub_y = dm.train_tensors
+    assert sub_x.shape == (100, x.shape[1]) and sub_y.shape == (100, y.shape[1])
+    rows = [int(torch.nonzero((x == r).all(1))[0]) for r in sub_x]
+    assert rows == sorted(rows) and len(set(rows)) == 100 and torch.equal(y[rows], sub_y)
+    again = MultilabelDataModule(name="emotions", max_rows=100, val_fraction=0.0, standardize=False)
+    again.setup()
+    assert torch.equal(again.train_tensors[0], sub_x)
+    assert len(dm.test_tensors[0]) == len(cached_mulan("emotions", "test")[0])
+    with pytest.raises(ValueError, match="data.max_rows"):
+        MultilabelDataModule(name="emotions", max_rows=0)

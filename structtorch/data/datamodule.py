@@ -209,15 +209,17 @@ class MultilabelDataModule(_TensorDataModule):
     that never sees the test file: the held-out fold is the "test" set). Standardisation statistics come
     from the final training part only. ``test_fraction`` splits off a test set (seeded) for datasets without
     a test file; ``label_attributes`` names the labels as the last L attributes for datasets without ``<name>.xml``;
-    ``max_labels`` keeps the most frequent labels of the training file (e.g. 10 for medical, as in CRANK).
+    ``max_labels`` keeps the most frequent labels of the training file (e.g. 10 for medical, as in CRANK);
+    ``max_rows`` keeps a seeded random subset of that many training-file rows, in file order (learning curves,
+    ``scripts/bench_scale.py``).
     ValueError (raised here, before any loading) if ``name`` is missing or not a Mulan dataset.
     """
 
     def __init__(self, name: str | None = None, root: str | None = None, url: str | None = None,
                  batch_size: int = 64, val_fraction: float = 0.1, seed: int = 0, num_folds: int | None = None,
                  fold: int = 0, num_workers: int = 0, standardize: bool = True, test_fraction: float = 0.3,
-                 label_attributes: int | None = None, max_labels: int | None = None, fold_pool: str = "train+test"
-                 ) -> None:
+                 label_attributes: int | None = None, max_labels: int | None = None, fold_pool: str = "train+test",
+                 max_rows: int | None = None) -> None:
         super().__init__(batch_size, val_fraction, seed, num_folds, fold, num_workers, standardize, fold_pool)
         if name is None or name == "???":
             raise ValueError(f"data=mulan needs data.name=<dataset>, one of: {', '.join(mulan_datasets())} "
@@ -227,6 +229,7 @@ class MultilabelDataModule(_TensorDataModule):
         self.save_hyperparameters()
         self.name, self.root, self.url = name, root, url
         self.test_fraction, self.label_attributes, self.max_labels = test_fraction, label_attributes, max_labels
+        self.max_rows = None if max_rows is None else check_int(max_rows, "data.max_rows", 1)
 
     def prepare_data(self) -> None:
         """Download the dataset into the cache if needed (Lightning runs this on one process per node)."""
@@ -237,7 +240,11 @@ class MultilabelDataModule(_TensorDataModule):
         d = load_mulan_splits(self.name, root=self.root, url=self.url, max_labels=self.max_labels,
                               label_attributes=self.label_attributes, test_fraction=self.test_fraction,
                               seed=self.seed)
-        return d.x_train, d.y_train, d.x_test, d.y_test, d.feature_names, d.label_names
+        x, y = d.x_train, d.y_train
+        if self.max_rows is not None and self.max_rows < len(x):
+            keep = torch.randperm(len(x), generator=torch.Generator().manual_seed(self.seed))[:self.max_rows].sort()[0]
+            x, y = x[keep], y[keep]
+        return x, y, d.x_test, d.y_test, d.feature_names, d.label_names
 
 
 class SyntheticDataModule(_TensorDataModule):
