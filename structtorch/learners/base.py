@@ -89,6 +89,8 @@ class StructuredLearner(L.LightningModule):
     #: model.l2=auto: lambda = auto_l2 / N. 100 is liblinear's C = 0.01, the C that 3-fold CV chooses for one
     #: hinge-loss SVM per label on standardised features on scene, emotions, yeast and birds (0.03 on flags)
     auto_l2: float = 100.0
+    #: model.l2=auto never regularises more than this (None: no cap)
+    max_auto_l2: float | None = None
 
     def __init__(
         self,
@@ -229,9 +231,11 @@ class StructuredLearner(L.LightningModule):
         return self._l2_grid
 
     def resolve_l2(self, num_examples: int) -> list[float]:
-        """Set model.l2=auto to ``auto_l2 / num_examples`` (a given l2 stays as it is); returns ``l2_grid``."""
+        """Set model.l2=auto to ``auto_l2 / num_examples``, at most ``max_auto_l2`` (a given l2 stays as it is);
+        returns ``l2_grid``."""
         if self.hparams.l2 == "auto":
-            self._l2_grid = [self.auto_l2 / check_int(num_examples, "num_examples", 1)]
+            l2 = self.auto_l2 / check_int(num_examples, "num_examples", 1)
+            self._l2_grid = [l2 if self.max_auto_l2 is None else min(l2, self.max_auto_l2)]
         return self.l2_grid
 
     def regularizer(self) -> torch.Tensor:
@@ -438,7 +442,8 @@ class StructuredLearner(L.LightningModule):
         x, y = _training_tensors(self.trainer)
         if self.hparams.l2 == "auto":
             l2 = self.resolve_l2(len(x))[0]
-            rank_zero_info(f"model.l2=auto: lambda = {self.auto_l2:g} / {len(x)} training examples = {l2:.4g}")
+            capped = "" if l2 * len(x) >= self.auto_l2 * (1 - 1e-9) else f" (capped at {self.max_auto_l2:g})"
+            rank_zero_info(f"model.l2=auto: lambda = {self.auto_l2:g} / {len(x)} training examples = {l2:.4g}{capped}")
         if not self.structure_mask.numel() and not self.candidate_edges.numel():
             candidates = self.build_candidates(x, y)
             if candidates is not None and not torch.equal(candidates.edges, self.graph.edges):
