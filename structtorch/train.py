@@ -14,11 +14,13 @@ a failed job is recorded and the sweep goes on (see ``structtorch.sweep``).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
 import re
 import shlex
+import signal
 import sys
 import time
 import warnings
@@ -473,6 +475,8 @@ def cli() -> None:
     """``python -m structtorch.train``: quotes checkpoint paths holding '=' (Lightning's
     ``epoch=59-step=360.ckpt``) for Hydra, and turns Hydra's config errors into one line and exit code 2."""
     sys.argv = [_QUOTE.sub(lambda m: f"{m.group(1)}='{m.group(2)}'", a) for a in sys.argv]
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>`: every thread's Python stack to stderr (a run that hangs)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     full_error = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors here instead of printing them
     try:

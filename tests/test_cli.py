@@ -112,6 +112,19 @@ def test_a_denoising_run_prints_per_pixel_accuracy_not_subset_accuracy(tmp_path)
 
 
 # ---------------------------------------------------------------------- Ctrl-C (item 8)
+def communicate_or_dump_stacks(proc: subprocess.Popen, timeout: float) -> str:
+    """The output of ``proc`` once it ends; if it has not ended after ``timeout`` s, fail with the Python stacks of
+    its threads (``kill -USR1``, registered by the CLI) and its last output."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        pytest.fail(f"the run did not end {timeout:.0f} s after Ctrl-C; its threads and output:\n"
+                    f"{proc.communicate()[0][-6000:]}")
+
+
 def test_ctrl_c_ends_with_the_command_that_resumes_the_run(tmp_path):
     args = ["model.solver=adam", "data.num_train=100", "data.num_test=50", "trainer.max_epochs=100000"]
     environ = dict(os.environ, OMP_NUM_THREADS="1",
@@ -122,7 +135,7 @@ def test_ctrl_c_ends_with_the_command_that_resumes_the_run(tmp_path):
     while not list(tmp_path.glob("outputs/*/*/checkpoints/last.ckpt")) and time.monotonic() < deadline:
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)  # Ctrl-C, once an epoch has been checkpointed
-    output = proc.communicate(timeout=300)[0]
+    output = communicate_or_dump_stacks(proc, 300)
     run_dir = next(tmp_path.glob("outputs/*/*")).resolve()
     hints = re.findall(r"^\[[^\]]+\]\[structtorch\.train\]\[WARNING\] - (interrupted.*)$", output, flags=re.M)
     assert hints == [f"interrupted; resume with: python -m structtorch.train {' '.join(args)} resume={run_dir}"], \
@@ -146,7 +159,7 @@ def test_ctrl_c_inside_a_long_epoch_writes_a_checkpoint_to_resume_from(tmp_path)
             time.sleep(3)
             proc.send_signal(signal.SIGINT)
             break
-    output = "".join(seen) + proc.communicate(timeout=300)[0]
+    output = "".join(seen) + communicate_or_dump_stacks(proc, 300)
     run_dir = next(tmp_path.glob("outputs/*/*")).resolve()
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert checkpoint["structtorch"]["learner"] == "Full" and checkpoint["structtorch"]["solver"]["kind"] == "lbfgs"
