@@ -112,6 +112,13 @@ def test_a_denoising_run_prints_per_pixel_accuracy_not_subset_accuracy(tmp_path)
 
 
 # ---------------------------------------------------------------------- Ctrl-C (item 8)
+def default_ctrl_c() -> None:
+    """Popen's preexec_fn: the run gets SIGINT's default handler even where this test process ignores SIGINT (a
+    test suite started in the background by a non-interactive shell, whose children inherit SIG_IGN: Python then
+    leaves Ctrl-C ignored, and the run would never see it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def communicate_or_dump_stacks(proc: subprocess.Popen, timeout: float) -> str:
     """The output of ``proc`` once it ends; if it has not ended after ``timeout`` s, fail with the Python stacks of
     its threads (``kill -USR1``, registered by the CLI) and its last output."""
@@ -130,7 +137,7 @@ def test_ctrl_c_ends_with_the_command_that_resumes_the_run(tmp_path):
     environ = dict(os.environ, OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.Popen([sys.executable, "-m", "structtorch.train", *args], cwd=tmp_path, env=environ,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_ctrl_c)
     deadline = time.monotonic() + 300
     while not list(tmp_path.glob("outputs/*/*/checkpoints/last.ckpt")) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -151,7 +158,7 @@ def test_ctrl_c_inside_a_long_epoch_writes_a_checkpoint_to_resume_from(tmp_path)
     environ = dict(os.environ, OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.Popen([sys.executable, "-m", "structtorch.train", *args], cwd=tmp_path, env=environ,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_ctrl_c)
     seen = []
     for line in proc.stdout:  # the first epoch has started: wait a little inside it, then Ctrl-C
         seen.append(line)
