@@ -913,3 +913,23 @@ def test_fused_sum_pass_folds_its_scales(fused_kernels, dtype, K):
     mu, mu_pair = inf.tree_marginals(pot)
     torch.testing.assert_close(mu, torch.full_like(mu, 1 / K), **tol)
     torch.testing.assert_close(mu_pair, torch.full_like(mu_pair, 1 / K**2), **tol)
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
+    """torch's loader takes the build lock on every load: one left by a killed process made later runs wait forever
+    (fused=auto); a lock older than STALE_LOCK_SECONDS is removed with a warning, a fresh one (a build under way)
+    is kept."""
+    import os
+    import time
+
+    from structtorch.inference import fused
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    fused._clear_stale_lock(lock)
+    assert lock.exists()
+    old = time.time() - fused.STALE_LOCK_SECONDS - 60
+    os.utime(lock, (old, old))
+    with pytest.warns(UserWarning, match="stale build lock"):
+        fused._clear_stale_lock(lock)
+    assert not lock.exists()

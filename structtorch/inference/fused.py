@@ -15,6 +15,8 @@ tensors keep the eager (or compiled) passes, which stay the reference in the tes
 from __future__ import annotations
 
 import hashlib
+import time
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -61,6 +63,7 @@ def kernels() -> ModuleType:
         try:
             folder = build_directory()
             folder.mkdir(parents=True, exist_ok=True)
+            _clear_stale_lock(folder / "lock")
             _BUILT["module"] = load(name=_name(), sources=[str(s) for s in _SOURCES], build_directory=str(folder),
                                     extra_cflags=["-O3", "-fopenmp", *arch], extra_ldflags=["-fopenmp"])
         except Exception as err:  # noqa: BLE001 - any build failure means the same to the user
@@ -68,6 +71,23 @@ def kernels() -> ModuleType:
                                            f"failed; they need a C++ compiler and ninja. The eager passes still work.")
             raise _BUILT["error"] from err
     return _BUILT["module"]
+
+
+#: a build lock older than this is stale: torch's loader takes it on every load (a build here takes ~3 min), and a
+#: process killed while holding it (a timeout's SIGKILL) would leave every later run waiting for it, silently
+STALE_LOCK_SECONDS = 900.0
+
+
+def _clear_stale_lock(lock: Path) -> None:
+    """Remove torch's build lock ``lock`` when it is older than ``STALE_LOCK_SECONDS``, saying so once."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_SECONDS:
+        warnings.warn(f"backend 'fused': removing a stale build lock {lock} ({age / 60:.0f} min old, left by a "
+                      f"process that was killed while loading the kernels)", stacklevel=3)
+        lock.unlink(missing_ok=True)
 
 
 def forest(sched: Schedule) -> tuple[torch.Tensor, ...]:
