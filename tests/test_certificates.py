@@ -179,3 +179,24 @@ def test_rta_on_medical_shaped_data_never_stops_on_a_negative_gap(tmp_path):
     assert report["primal"] >= report["dual"] > 0 and report["relative_gap"] >= 0
     assert not report["converged"] and trainer.current_epoch == 3  # uncertified searches: a loose, honest gap
     assert report["inference"]["train"]["certified"] < 1.0
+
+
+def test_a_run_stopped_before_its_first_certificate_is_certified_at_fit_end(monkeypatch):
+    """The certificate of a run stopped by max_epochs before its first exact gap is computed at fit end, on the
+    device it trained on: after fit Lightning moves the learner back to the CPU while the strategy's copy of the
+    training set stays on the GPU, so a certificate pass from solver_report() failed there (seen on an H200:
+    'Expected all tensors to be on the same device')."""
+    from structtorch.data.datamodule import SyntheticDataModule
+
+    dm = SyntheticDataModule(num_train=60, num_test=10, num_labels=5, val_fraction=0.0, seed=0)
+    model = RTA(dm.num_features, dm.num_labels)
+    L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+              enable_model_summary=False).fit(model, datamodule=dm)
+    assert model.strategy.certificate is not None  # one BCFW pass: no exact gap was due within the run
+
+    def no_pass_after_fit():
+        raise AssertionError("solver_report() ran a certificate pass after fit")
+
+    monkeypatch.setattr(model.strategy, "certify", no_pass_after_fit)
+    report = model.solver_report()
+    assert report["primal"] >= report["dual"] and report["relative_gap"] >= 0

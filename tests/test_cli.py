@@ -223,7 +223,15 @@ def test_structure_learning_and_the_first_epoch_say_when_they_start(tmp_path):
 
 
 # ---------------------------------------------------------------------- beyond one machine (the launcher)
-@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None,
+def _installed(module: str) -> bool:
+    """find_spec of a submodule raises (not None) when its parent package is missing too."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not _installed("hydra_plugins.hydra_submitit_launcher"),
                     reason="hydra-submitit-launcher is not installed (pip install -e '.[slurm]'; the dev extra has it)")
 def test_a_sweep_through_the_submitit_launcher_writes_the_summary(tmp_path):
     from structtorch.data import mulan_cache_dir

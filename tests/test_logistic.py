@@ -138,7 +138,8 @@ def _fit(max_epochs: int, callbacks=(), ckpt=None) -> LogisticEnergy:
     L.seed_everything(0, verbose=False)
     dm = _data(4, 8, 8)
     model = _learner(dm, unary="mlp", pairwise="linear", passes=5)
-    trainer = L.Trainer(max_epochs=max_epochs, logger=False, enable_progress_bar=False,
+    # bit for bit on the CPU: on a CUDA GPU (an H200) the resumed run differed in its last bits
+    trainer = L.Trainer(max_epochs=max_epochs, accelerator="cpu", logger=False, enable_progress_bar=False,
                         enable_checkpointing=bool(callbacks), callbacks=list(callbacks), enable_model_summary=False)
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
     return model

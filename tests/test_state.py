@@ -75,7 +75,8 @@ def _fit(max_epochs: int, callbacks=(), ckpt=None) -> Full:
     L.seed_everything(0, verbose=False)
     dm = SyntheticDataModule(num_train=120, num_test=20, num_labels=5, batch_size=32)
     model = Full(dm.num_features, dm.num_labels, iters=5, solver="adam")  # the warm-started Adam path
-    trainer = L.Trainer(max_epochs=max_epochs, logger=False, enable_progress_bar=False,
+    # bit for bit on the CPU: on a CUDA GPU (an H200) the resumed run differed in its last bits
+    trainer = L.Trainer(max_epochs=max_epochs, accelerator="cpu", logger=False, enable_progress_bar=False,
                         enable_checkpointing=bool(callbacks), callbacks=list(callbacks), enable_model_summary=False)
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
     return model

@@ -34,6 +34,7 @@ the reference.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -154,7 +155,9 @@ def _run(fn: Callable, sched: Schedule, *tensors: torch.Tensor):
     ``"compile"``: each schedule (graph and device) and pass compiles once, kept with the schedule, with its
     steps unrolled, and again for a new batch size, K or dtype (seconds each on CPU: inductor generates and
     builds C++); past torch._dynamo's recompile limit a pass runs eagerly. Worth it where the passes are bound
-    by per-op overhead (small batches, K = 2); see scripts/bench_tree.py --compile.
+    by per-op overhead (small batches, K = 2); see scripts/bench_tree.py --compile. Where torch cannot compile
+    a pass (seen: torch 2.11's inductor generated C++ that does not build on an AVX-512 CPU), it runs eagerly
+    from then on, with one warning.
     """
     if fused_active(tensors[0]):
         return _fused(fn, sched, *tensors)
@@ -163,7 +166,14 @@ def _run(fn: Callable, sched: Schedule, *tensors: torch.Tensor):
     key = ("compiled", fn.__name__)
     if key not in sched.memo:
         sched.memo[key] = torch.compile(lambda *t: fn(*t, sched), dynamic=False, options=_INDUCTOR)
-    return sched.memo[key](*tensors)
+    try:
+        return sched.memo[key](*tensors)
+    except torch._dynamo.exc.BackendCompilerFailed as err:  # inductor's InductorError is one
+        warnings.warn(f"inference.backend('compile'): torch.compile failed on {fn.__name__} "
+                      f"({type(err).__name__}: {str(err).splitlines()[0][:200]}); this pass runs eagerly",
+                      RuntimeWarning, stacklevel=2)
+        sched.memo[key] = lambda *t: fn(*t, sched)
+        return fn(*tensors, sched)
 
 
 def _fused(fn: Callable, sched: Schedule, unary: torch.Tensor, pair: torch.Tensor):

@@ -517,6 +517,7 @@ class StructuredLearner(L.LightningModule):
         self._log_figure("test/per_label", self.per_label_figure())
 
     def on_train_end(self) -> None:
+        self.strategy.train_end()
         warning = self.strategy.warning()
         if warning is not None:
             rank_zero_warn(warning)

@@ -72,6 +72,9 @@ class Strategy:
         """After an epoch: True when training is done (certified, or the strategy's own stopping rule)."""
         return False
 
+    def train_end(self) -> None:
+        """Fit end, while the learner is still on the training device (Lightning moves it back to the CPU after)."""
+
     def state_dict(self) -> dict[str, Any] | None:
         """What a checkpoint keeps of this strategy (None: nothing): plain values or CPU tensors."""
         return None

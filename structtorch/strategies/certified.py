@@ -56,6 +56,12 @@ class Certified(Strategy):
     def certify(self) -> GapInfo:
         raise NotImplementedError
 
+    def train_end(self) -> None:
+        """A run stopped before its first exact certificate gets one now, on the device it trained on: after fit
+        the learner is back on the CPU while the strategy's copy of the training set stays on the GPU."""
+        if self.certificate is None:
+            self.certificate = self.certify()
+
     def warning(self) -> str | None:
         info = self.certificate
         if info is None or bool(info.converged.all()):

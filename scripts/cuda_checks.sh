@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The CUDA half of the checks, in one prepared run for a lent GPU (each step time-boxed, none stops the others):
+# the CUDA tests, the tree / k-best / smoothed-LP benchmarks on CUDA (JSON), every learner trained on the GPU
+# (emotions), the tree learners on delicious, torch.compile (Triton) tree passes, then the whole suite in parallel.
+#
+#     OUT=/tmp/cuda bash scripts/cuda_checks.sh       # results: $OUT/*.json, $OUT/cuda_checks.log
+#
+# A machine without hydra / liac-arff / torch-struct / the Mulan cache gets them from .devcarry/ (site/, data/).
+set -u
+OUT=${OUT:-/tmp/cuda_checks}
+mkdir -p "$OUT"
+here=$(pwd)
+[ -d .devcarry/site ] && export PYTHONPATH="$here/.devcarry/site:$here${PYTHONPATH:+:$PYTHONPATH}"
+[ -d .devcarry/data ] && export STRUCTTORCH_DATA="$here/.devcarry/data"
+export PYTHONUNBUFFERED=1 HYDRA_FULL_ERROR=1
+PY=${PY:-python3}
+log="$OUT/cuda_checks.log"
+
+DEADLINE=${DEADLINE:-560}  # seconds for the whole script: a step gets at most what is left
+step() {  # step <seconds> <name> <command...>
+    local secs=$1 name=$2
+    shift 2
+    local left=$((DEADLINE - SECONDS))
+    [ "$left" -lt "$secs" ] && secs=$left
+    [ "$secs" -lt 5 ] && { echo "=== $name: skipped (deadline)" | tee -a "$log"; return; }
+    echo "=== $name (limit ${secs}s) $(date +%T)" | tee -a "$log"
+    local t0=$SECONDS
+    timeout -s INT -k 10 "$secs" "$@" >>"$log" 2>&1
+    echo "=== $name: rc $? in $((SECONDS - t0)) s" | tee -a "$log"
+}
+
+step 30 env $PY -c "import torch, lightning, hydra, torchmetrics; print(torch.__version__, torch.version.cuda,
+torch.cuda.get_device_name(), lightning.__version__, hydra.__version__, torchmetrics.__version__)"
+step 90 cuda-tests $PY -m pytest -q -p no:cacheprovider -rfE tests -k "cuda or gpu"
+step 90 bench-tree $PY scripts/bench_tree.py --device cuda --out "$OUT/bench_tree_cuda.json"
+step 60 bench-smoothed $PY scripts/bench_smoothed.py --device cuda --quick --out "$OUT/bench_smoothed_cuda.json"
+step 40 bench-kbest $PY scripts/bench_kbest.py --device cuda --quick --out "$OUT/bench_kbest_cuda.json"
+models=independent,fixed_tree,full,crank,greedy,mst,project,rta,mam,tree_crf
+step 120 train-emotions $PY -m structtorch.train -m "model=$models" data=mulan data.name=emotions trainer=gpu \
+    trainer.time_budget=6 logger=none hydra.sweep.dir=/tmp/cuda_runs/emotions
+step 120 train-delicious $PY -m structtorch.train -m model=independent,fixed_tree,rta data=mulan \
+    data.name=delicious trainer=gpu trainer.time_budget=25 logger=none hydra.sweep.dir=/tmp/cuda_runs/delicious
+step 60 bench-tree-compile $PY scripts/bench_tree.py --device cuda --compile --out "$OUT/bench_tree_cuda.json"
+step 600 suite $PY -m pytest -q -p no:cacheprovider -rfE -n 12 tests
+grep -h "^=== .*rc" "$log"
