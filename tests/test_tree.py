@@ -915,6 +915,7 @@ def test_a_failed_build_is_reported_and_changes_no_backend(monkeypatch):
     monkeypatch.setitem(fused._BUILT, "module", None)
     monkeypatch.setitem(fused._BUILT, "error", None)  # the failure this test provokes is forgotten after it
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
+    monkeypatch.setattr(fused, "_load_built", lambda folder: None)  # nothing built on this machine
     with pytest.raises(RuntimeError, match="building the fused CPU kernels .* failed"):
         with inf.backend("fused"):
             pass
@@ -957,3 +958,27 @@ def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
     with pytest.warns(UserWarning, match="stale build lock"):
         fused._clear_stale_lock(lock)
     assert not lock.exists()
+
+
+def test_an_up_to_date_build_loads_without_the_build_lock(tmp_path):
+    """A lock left by a process killed while loading (torch's loader takes it on every load) no longer stalls the
+    next run: the kernels built from today's sources load without it. The load runs in a fresh process against a
+    copy of the build folder; torch's loader would wait on the lock forever."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from structtorch.inference import fused
+
+    if not fused.built():
+        pytest.skip("the fused kernels are not built on this machine")
+    fused.kernels()  # writes sources.sha1 beside a build from before it existed
+    copy = tmp_path / fused.build_directory().name
+    shutil.copytree(fused.build_directory(), copy)
+    (copy / "lock").touch()  # fresh: _clear_stale_lock keeps it
+    code = "from structtorch.inference import fused; fused.kernels(); print(fused.build_directory())"
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == str(copy) and (copy / "lock").exists()

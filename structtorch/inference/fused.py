@@ -15,6 +15,8 @@ tensors keep the eager (or compiled) passes, which stay the reference in the tes
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import os
 import time
 import warnings
 from pathlib import Path
@@ -42,7 +44,7 @@ def build_directory() -> Path:
     from torch.utils.cpp_extension import get_default_build_root
 
     key = hashlib.sha1(f"{_SOURCES[0].parent}|{torch.__file__}|{torch.__version__}".encode()).hexdigest()[:12]
-    return Path(get_default_build_root()) / f"{_name()}-{key}"
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / f"{_name()}-{key}"
 
 
 def built() -> bool:
@@ -60,17 +62,51 @@ def kernels() -> ModuleType:
 
         arch = ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"] if _name().endswith("avx2") \
             else ["-DCPU_CAPABILITY=DEFAULT"]
+        flags = ["-O3", "-fopenmp", *arch]
         try:
             folder = build_directory()
             folder.mkdir(parents=True, exist_ok=True)
-            _clear_stale_lock(folder / "lock")
-            _BUILT["module"] = load(name=_name(), sources=[str(s) for s in _SOURCES], build_directory=str(folder),
-                                    extra_cflags=["-O3", "-fopenmp", *arch], extra_ldflags=["-fopenmp"])
+            stamp, fingerprint = folder / "sources.sha1", _fingerprint(flags)
+            _BUILT["module"] = _load_built(folder) if _read(stamp) == fingerprint else None
+            if _BUILT["module"] is None:
+                _clear_stale_lock(folder / "lock")
+                _BUILT["module"] = load(name=_name(), sources=[str(s) for s in _SOURCES], build_directory=str(folder),
+                                        extra_cflags=flags, extra_ldflags=["-fopenmp"])
+                stamp.write_text(fingerprint)
         except Exception as err:  # noqa: BLE001 - any build failure means the same to the user
             _BUILT["error"] = RuntimeError(f"backend 'fused': building the fused CPU kernels ({_SOURCES[0].parent}) "
                                            f"failed; they need a C++ compiler and ninja. The eager passes still work.")
             raise _BUILT["error"] from err
     return _BUILT["module"]
+
+
+def _fingerprint(flags: list[str]) -> str:
+    """A hash of the kernels' sources (every file of csrc/) and build flags."""
+    digest = hashlib.sha1(" ".join(flags).encode())
+    for path in sorted(_SOURCES[0].parent.iterdir()):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _load_built(folder: Path) -> ModuleType | None:
+    """The extension built in ``folder`` from today's sources (its ``sources.sha1`` says so), loaded without
+    torch's build lock: torch's loader takes the lock on every load, so a process killed while loading (a
+    timeout's SIGKILL) used to leave every later run waiting. None where it does not load: torch's loader then
+    builds it."""
+    spec = importlib.util.spec_from_file_location(_name(), folder / f"{_name()}.so")
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (OSError, ImportError):
+        return None
+    return module
 
 
 #: a build lock older than this is stale: torch's loader takes it on every load (a build here takes ~3 min), and a
