@@ -71,34 +71,39 @@ def wait(proc: subprocess.Popen, timeout: float) -> tuple[int, float] | None:
     return None
 
 
+def run_logged(cmd: list[str], run_dir: Path, cwd: Path, timeout: float) -> tuple[tuple[int, float] | None, float]:
+    """Run ``cmd`` in its own session, its output in run_dir/console.txt: ((exit status, peak MB), or None when
+    killed at ``timeout`` s; wall seconds)."""
+    t0 = time.perf_counter()
+    with open(run_dir / "console.txt", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=str(cwd), start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+        ended = wait(proc, timeout)
+    return ended, time.perf_counter() - t0
+
+
 def run_cell(kind: str, name: str, data: str, work: Path, timeout: float) -> dict:
     """The table row of one cell, run in a subprocess with a wall-clock limit."""
     run_dir = work / data / name.replace(" ", "_")
     run_dir.mkdir(parents=True, exist_ok=True)
     for old in ("peer.json", "metrics.json", "error.txt"):
         (run_dir / old).unlink(missing_ok=True)
-    t0 = time.perf_counter()
-    with open(run_dir / "console.txt", "w") as log:
-        proc = subprocess.Popen(command(kind, name, data, run_dir), cwd=str(work), start_new_session=True,
-                                stdout=log, stderr=subprocess.STDOUT)
-        ended = wait(proc, timeout)
+    ended, wall = run_logged(command(kind, name, data, run_dir), run_dir, work, timeout)
     row = {"dataset": data, "model": name}
     if ended is None:
         return {**row, "note": f"not finished in {timeout:.0f} s"}
     code, peak = ended
     row["peak MB"] = round(peak)
     if code != 0:
-        return {**row, "note": f"exit code {code}: {_last_line(run_dir)}"}
+        return {**row, "note": f"exit code {code}: {failure_line(run_dir)}"}
     if kind == "peer":
         result = json.loads((run_dir / "peer.json").read_text())
         return {**row, **{k: result[k] for k in SCORES}, "train s": round(result["train_seconds"], 1),
                 "note": f"C {result['C']:g} by 3-fold CV ({result['cv']})"}
-    wall = time.perf_counter() - t0
     return {**row, **structtorch_cells(json.loads((run_dir / "metrics.json").read_text())),
             "note": f"wall {wall:.0f} s"}
 
 
-def _last_line(run_dir: Path) -> str:
+def failure_line(run_dir: Path) -> str:
     """The reason a cell failed: its error.txt (a structtorch user error), else the console's last line."""
     for name in ("error.txt", "console.txt"):
         lines = (run_dir / name).read_text().strip().splitlines() if (run_dir / name).is_file() else []

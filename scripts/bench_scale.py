@@ -23,14 +23,13 @@ import math
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from benchutil import write_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-from matrix import wait  # noqa: E402  (one process per cell, its peak memory: as the matrix table runs them)
+from matrix import failure_line, run_logged, wait  # noqa: E402  (one process per cell, as the matrix table runs them)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 AXES = {"labels": ("delicious", "data.max_labels"), "rows": ("tmc2007", "data.max_rows")}
@@ -49,22 +48,17 @@ def run_cell(model: str, axis: str, size: int, label_rows: int, timeout: float, 
     """One row: train seconds (the run's ``train_seconds``), wall seconds and peak MB, or why it has none."""
     run_dir = work / axis / f"{model}_{size}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "metrics.json").unlink(missing_ok=True)
+    for old in ("metrics.json", "error.txt"):
+        (run_dir / old).unlink(missing_ok=True)
     row = {"model": model, "axis": axis, "size": size}
-    t0 = time.perf_counter()
-    with open(run_dir / "console.txt", "w") as log:
-        proc = subprocess.Popen(command(model, axis, size, label_rows, run_dir), cwd=str(work),
-                                start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
-        ended = wait(proc, timeout)
+    ended, wall = run_logged(command(model, axis, size, label_rows, run_dir), run_dir, work, timeout)
     if ended is None:
         return row | {"note": f"not finished in {timeout:.0f} s"}
     code, peak = ended
     if code != 0:
-        tail = (run_dir / "console.txt").read_text().strip().splitlines()[-1:] or ["no output"]
-        return row | {"peak_mb": round(peak), "note": f"exit code {code}: {tail[0][:200]}"}
+        return row | {"peak_mb": round(peak), "note": f"exit code {code}: {failure_line(run_dir)}"}
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    return row | {"train_s": round(metrics["train_seconds"], 2), "wall_s": round(time.perf_counter() - t0, 1),
-                  "peak_mb": round(peak)}
+    return row | {"train_s": round(metrics["train_seconds"], 2), "wall_s": round(wall, 1), "peak_mb": round(peak)}
 
 
 def baseline_mb(work: Path) -> float:
