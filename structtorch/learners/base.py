@@ -442,7 +442,7 @@ class StructuredLearner(L.LightningModule):
         x, y = _training_tensors(self.trainer)
         if self.hparams.l2 == "auto":
             l2 = self.resolve_l2(len(x))[0]
-            capped = "" if l2 * len(x) >= self.auto_l2 * (1 - 1e-9) else f" (capped at {self.max_auto_l2:g})"
+            capped = f" (capped at {self.max_auto_l2:g})" if l2 < self.auto_l2 / len(x) else ""
             rank_zero_info(f"model.l2=auto: lambda = {self.auto_l2:g} / {len(x)} training examples = {l2:.4g}{capped}")
         if not self.structure_mask.numel() and not self.candidate_edges.numel():
             candidates = self.build_candidates(x, y)
