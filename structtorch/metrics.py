@@ -160,9 +160,8 @@ class MacroF1(_MultilabelMetric):
             self.tp, self.fp, self.fn = (torch.zeros(L, dtype=torch.long, device=t.device) for _ in range(3))
         if self.tp.numel() != L:
             raise ValueError(f"MacroF1 expects {self.tp.numel()} labels, got preds of shape {tuple(p.shape)}")
-        self.tp += (p & t).sum(0)
-        self.fp += (p & ~t).sum(0)
-        self.fn += (~p & t).sum(0)
+        for name, count in zip(("tp", "fp", "fn"), _confusion(p, t, 0).unbind(-1)):
+            getattr(self, name).add_(count)
 
     def _reduce_states(self, incoming_state: dict) -> None:
         """Merge (used by ``forward`` and ``merge_state``), sizing lazily allocated [0] states."""
@@ -179,6 +178,12 @@ class MacroF1(_MultilabelMetric):
         if self.tp.numel() == 0:
             return torch.tensor(self.zero_division, device=self.tp.device)
         return _f1(self.tp, self.fp, self.fn, self.zero_division).mean().float()
+
+
+def _confusion(p: torch.Tensor, t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Confusion counts of boolean predictions p and targets t [B, L] summed over ``dim`` (0: per label, -1: per
+    example), stacked last: [..., 4] long (tp, fp, fn, tn)."""
+    return torch.stack([(p & t).sum(dim), (p & ~t).sum(dim), (~p & t).sum(dim), (~p & ~t).sum(dim)], -1)
 
 
 class PerLabelCounts(_MultilabelMetric):
@@ -199,10 +204,8 @@ class PerLabelCounts(_MultilabelMetric):
         p, t = _check(preds, target)
         if t.shape[1] != self.tp.numel():
             raise ValueError(f"PerLabelCounts expects {self.tp.numel()} labels, got preds of shape {tuple(p.shape)}")
-        self.tp += (p & t).sum(0)
-        self.fp += (p & ~t).sum(0)
-        self.fn += (~p & t).sum(0)
-        self.tn += (~p & ~t).sum(0)
+        for name, count in zip(("tp", "fp", "fn", "tn"), _confusion(p, t, 0).unbind(-1)):
+            getattr(self, name).add_(count)
 
     def compute(self) -> dict[str, torch.Tensor]:
         total = (self.tp + self.fp + self.fn + self.tn).clamp(min=1).double()
@@ -223,7 +226,7 @@ class ExampleCounts(_MultilabelMetric):
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
         """preds, target: [B, L] in {0, 1}."""
         p, t = _check(preds, target)
-        self.counts.append(torch.stack([(p & t).sum(-1), (p & ~t).sum(-1), (~p & t).sum(-1), (~p & ~t).sum(-1)], -1))
+        self.counts.append(_confusion(p, t, -1))
 
     def compute(self) -> torch.Tensor:
         # a list of [B, 4] here, one [N, 4] tensor once synced across processes
