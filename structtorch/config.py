@@ -107,6 +107,7 @@ class TreeCRFConfig(ModelConfig):
     num_states: int = 2
     score_folds: int = 5  # CV folds choosing each edge-score regression's l2 penalty
     candidates: Any = 10  # scores for each label's `candidates` most dependent partners; complete graph while small
+    score_rows: Any = 2000  # int or None: inputs and edge scores from at most this many training rows (seeded subset)
 
 
 @dataclass

@@ -162,12 +162,30 @@ def test_checkpoint_keeps_the_tree_and_the_input_mapping(synthetic, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs,needle", [({"score": "mi"}, "score"), ({"inputs": "all"}, "inputs"),
-                                           ({"num_inputs": 0}, "num_inputs"), ({"score_folds": 1}, "score_folds")])
+                                           ({"num_inputs": 0}, "num_inputs"), ({"score_folds": 1}, "score_folds"),
+                                           ({"score_rows": 1}, "score_rows")])
 def test_bad_options_raise(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         TreeCRF(8, 8, **kwargs)
     with pytest.raises(ValueError, match="aligned"):
         TreeCRF(9, 8, inputs="aligned")
+
+
+def test_structure_is_learned_from_score_rows_of_the_training_rows():
+    """model.score_rows = m: the inputs and edge scores of a seeded subset of m rows (the same structure as learning
+    from those rows alone), while the CRF trains on every row."""
+    from structtorch.data.datamodule import SyntheticDataModule
+
+    x, y = SyntheticDataModule(num_train=300, num_test=10, num_labels=5, val_fraction=0.0, seed=3).train_tensors
+    sub = TreeCRF(x.shape[1], 5, num_inputs=3, score_folds=2, score_rows=120)
+    every = TreeCRF(x.shape[1], 5, num_inputs=3, score_folds=2, score_rows=None)
+    keep = torch.randperm(300, generator=torch.Generator().manual_seed(0))[:120].sort()[0]
+    assert torch.equal(sub.build_structure(x, y), every.build_structure(x[keep], y[keep]))
+    torch.testing.assert_close(sub.edge_score, every.edge_score)
+    assert torch.equal(sub.energy.pair_inputs, every.energy.pair_inputs)
+    alone = TreeCRF(x.shape[1], 5, num_inputs=3, score_folds=2, score_rows=None)
+    alone.build_structure(x, y)
+    assert not torch.allclose(alone.edge_score, every.edge_score)  # all 300 rows score differently
 
 
 def test_registered_as_tree_crf():
