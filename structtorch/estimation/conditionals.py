@@ -138,19 +138,23 @@ def _fit_lbfgs(value, theta: torch.Tensor, tol: float = 1e-7, max_iter: int = 20
 def _fit_newton(value, theta: torch.Tensor, z: torch.Tensor, onehot: torch.Tensor, wt: torch.Tensor,
                 pen: torch.Tensor, tol: float = 1e-12, max_iter: int = 100) -> torch.Tensor:
     """``fit_logistic`` by Newton's method with per-model backtracking."""
-    R, N, Q = z.shape
-    zz = (z[..., :, None] * z[..., None, :]).reshape(R, N, Q * Q)
+    Q = z.shape[2]
+    iq, jq = torch.triu_indices(Q, Q, device=z.device)
+    zz = z.index_select(-1, iq) * z.index_select(-1, jq)  # [R, N, Q (Q + 1) / 2]: the Hessian is symmetric in (q, q')
     f, logp = value(theta)
     active = torch.ones_like(f, dtype=torch.bool)
     for i in range(max_iter):
         tick(i, max_iter, "Newton iterations")
         # Newton directions on the block of penalties and regressions that still have an open model
         gi, ri = active.any(2).any(0).nonzero()[:, 0], active.any(1).any(0).nonzero()[:, 0]
-        step, dec = _newton_step(z[ri], zz[ri], onehot[ri], wt, pen[:, gi], theta[:, gi][:, :, ri],
-                                 logp[:, gi][:, :, ri])
-        d, decrement = torch.zeros_like(theta), torch.zeros_like(f)
-        d[:, gi[:, None], ri] = -step
-        decrement[:, gi[:, None], ri] = dec
+        if len(gi) == theta.shape[1] and len(ri) == theta.shape[2]:  # every block open: no copies
+            step, decrement = _newton_step(z, zz, onehot, wt, pen, theta, logp)
+            d = -step
+        else:
+            block = (slice(None), gi[:, None], ri)
+            step, dec = _newton_step(z[ri], zz[ri], onehot[ri], wt, pen[:, gi], theta[block], logp[block])
+            d, decrement = torch.zeros_like(theta), torch.zeros_like(f)
+            d[block], decrement[block] = -step, dec
         active &= decrement > tol
         if not bool(active.any()):
             break
@@ -167,17 +171,31 @@ def _fit_newton(value, theta: torch.Tensor, z: torch.Tensor, onehot: torch.Tenso
 def _newton_step(z: torch.Tensor, zz: torch.Tensor, onehot: torch.Tensor, wt: torch.Tensor, pen: torch.Tensor,
                  theta: torch.Tensor, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """H^-1 g [F, G, R, Q, C] and the Newton decrement g^T H^-1 g / 2 [F, G, R] of ``fit_logistic``'s models
-    (z [R, N, Q], zz [R, N, Q*Q], onehot [R, N, C], logp [F, G, R, N, C])."""
+    (z [R, N, Q], zz [R, N, Q (Q + 1) / 2] the products z_q z_q' with q <= q', onehot [R, N, C], logp
+    [F, G, R, N, C]). H = sum_n (diag(p_n) - p_n p_n^T) kron z_n z_n^T, of which one product per pair c <= c'
+    and q <= q' is computed (a third of the full one at Q = 21, C = 4)."""
     F, G, R, Q, C = theta.shape
     N = z.shape[1]
     p = logp.exp()
     grad = torch.einsum("rnq,fgrnc->fgrqc", z, wt * (p - onehot)) + pen * theta
-    A = wt[..., None] * (torch.diag_embed(p) - p[..., :, None] * p[..., None, :])  # [F, G, R, N, C, C]
-    H = torch.bmm(A.permute(2, 0, 1, 4, 5, 3).reshape(R, F * G * C * C, N), zz)  # [R, F G C C, Q Q]
-    H = H.view(R, F, G, C, C, Q, Q).permute(1, 2, 0, 5, 3, 6, 4).reshape(F, G, R, Q * C, Q * C)
+    ic, jc = torch.triu_indices(C, C, device=p.device)
+    pr = p.permute(2, 0, 1, 4, 3).contiguous()  # [R, F, G, C, N]: rows of N to pick pairs of classes from
+    pi, pj = pr[:, :, :, ic], pr[:, :, :, jc]
+    A = pi.mul_(wt.permute(2, 0, 1, 4, 3)) * ((ic == jc)[:, None].to(p.dtype) - pj)  # [R, F, G, C (C + 1) / 2, N]
+    H = torch.bmm(A.view(R, -1, N), zz).view(R, F, G, -1)  # [R, F, G, C' Q']
+    qc = _symmetric(Q, p.device)[:, None, :, None] + zz.shape[-1] * _symmetric(C, p.device)[None, :, None, :]
+    H = H.index_select(-1, qc.flatten()).view(R, F, G, Q * C, Q * C).permute(1, 2, 0, 3, 4)  # [F, G, R, (q c), (q' c')]
     H = H + torch.diag_embed(pen.expand(F, G, R, Q, C).reshape(F, G, R, Q * C))
     step = torch.cholesky_solve(grad.reshape(F, G, R, Q * C, 1), torch.linalg.cholesky(H))
     return step.view(F, G, R, Q, C), 0.5 * (grad.reshape(F, G, R, -1) * step[..., 0]).sum(-1)
+
+
+def _symmetric(m: int, device: torch.device) -> torch.Tensor:
+    """[m, m] long: the index of pair (i, j) in ``triu_indices(m, m)``'s order, the same for (j, i)."""
+    i, j = torch.triu_indices(m, m, device=device)
+    index = torch.empty(m, m, dtype=torch.long, device=device)
+    index[i, j] = index[j, i] = torch.arange(len(i), device=device)
+    return index
 
 
 def logistic_cv_log_probs(x: torch.Tensor, target: torch.Tensor, subsets: torch.Tensor, num_classes: int,
