@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-__all__ = ["EVERY_S", "out_of_time", "phase", "tick", "time_budget"]
+__all__ = ["EVERY_S", "budget_share", "out_of_time", "phase", "tick", "time_budget"]
 
 EVERY_S = 15.0  #: seconds between two progress lines of a phase, at least
 log = logging.getLogger("structtorch.progress")
@@ -45,6 +45,21 @@ def time_budget(seconds: float | None) -> Iterator[None]:
     budget. Blocks nest (the inner one's deadline holds inside it)."""
     deadline = None if seconds is None else time.monotonic() + float(seconds)
     token = _DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+@contextmanager
+def budget_share(fraction: float) -> Iterator[None]:
+    """Inside the block, at most ``fraction`` of the time left of the running ``time_budget`` (none: no limit), so
+    that a phase leaves the rest to what follows it."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"budget_share: fraction must lie in (0, 1], got {fraction}")
+    deadline = _DEADLINE.get()
+    now = time.monotonic()
+    token = _DEADLINE.set(None if deadline is None else now + fraction * max(0.0, deadline - now))
     try:
         yield
     finally:

@@ -96,3 +96,48 @@ def test_loops_and_the_greedy_search_stop_when_the_budget_is_spent():
         assert not bool(model.build_structure(d.x_train, d.y_train).any())
     assert solver.iterations == 0 and not bool(solver.last.converged.all())
     assert bool(train_forests(d.x_train.double(), d.y_train, forests, 0.01).last.converged.all())
+
+
+def test_a_budget_share_leaves_the_rest_to_what_follows(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    with progress.budget_share(0.5):  # no budget: no limit
+        now[0] = 1e6
+        assert not progress.out_of_time()
+    now[0] = 100.0
+    with progress.time_budget(100):
+        now[0] = 120.0
+        with progress.budget_share(0.5):  # half of the 80 s left
+            now[0] = 159.9
+            assert not progress.out_of_time()
+            now[0] = 160.0
+            assert progress.out_of_time()
+        assert not progress.out_of_time()  # the outer budget still has 40 s
+    with pytest.raises(ValueError, match="fraction"):
+        with progress.budget_share(0.0):
+            pass
+
+
+def test_structure_learning_leaves_the_model_half_of_the_budget():
+    """MST on tmc2007 spent the whole trainer.time_budget scoring edges, and its tree then trained for no iteration
+    (the empty set on every test row): structure learning now stops at half of what is left."""
+    import lightning as L
+    import torch
+
+    from structtorch.data.datamodule import SyntheticDataModule
+    from structtorch.learners import MST
+    from structtorch.structure import max_spanning_tree
+
+    dm = SyntheticDataModule(num_train=100, num_test=10, num_labels=4, val_fraction=0.0, seed=0)
+    model, seen = MST(dm.num_features, dm.num_labels), []
+
+    def structure(x, y):
+        seen.append(progress._DEADLINE.get() - progress.time.monotonic())
+        return max_spanning_tree(torch.arange(model.graph.num_edges, dtype=torch.float64), model.graph)
+
+    model.build_structure = structure
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                        enable_model_summary=False)
+    with progress.time_budget(600):
+        trainer.fit(model, datamodule=dm)
+    assert len(seen) == 1 and 250 < seen[0] <= 300
