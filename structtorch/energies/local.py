@@ -74,12 +74,14 @@ class LocalLinearEnergy(Energy):
 
     def forward(self, x: torch.Tensor) -> Potentials:
         xz = torch.cat([x, x.new_zeros(x.shape[0], 1)], 1)  # column -1 reads zeros
-        xu, xp = xz[:, self.unary_inputs], xz[:, self.pair_inputs]  # [B, n, Pu], [B, E, 2k]
+        xp = xz[:, self.pair_inputs]  # [B, E, 2k]
+        # every unary on all D columns: one matmul of x, not a copy of x per label ([B, n, D])
+        xu, b = (xz[:, self.unary_inputs], "bn") if self.local_unary else (x, "b")  # [B, n, Pu] or [B, D]
         if self.num_models is None:
-            unary = torch.einsum("bnp,npk->bnk", xu, self.unary_weight) + self.unary_bias
+            unary = torch.einsum(f"{b}p,npk->bnk", xu, self.unary_weight) + self.unary_bias
             pair = torch.einsum("bep,epkl->bekl", xp, self.pair_weight) + self.pair_bias
         else:
-            unary = torch.einsum("bnp,mnpk->mbnk", xu, self.unary_weight) + self.unary_bias[:, None]
+            unary = torch.einsum(f"{b}p,mnpk->mbnk", xu, self.unary_weight) + self.unary_bias[:, None]
             pair = torch.einsum("bep,mepkl->mbekl", xp, self.pair_weight) + self.pair_bias[:, None]
         return Potentials(unary, pair, self.graph)
 
