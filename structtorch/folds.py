@@ -9,7 +9,7 @@ import torch
 
 from .graph import check_int
 
-__all__ = ["fold_assignment", "kfold_indices", "train_val_indices"]
+__all__ = ["fold_assignment", "kfold_indices", "row_subset", "train_val_indices"]
 
 
 def train_val_indices(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -22,6 +22,11 @@ def train_val_indices(n: int, val_fraction: float, seed: int) -> tuple[torch.Ten
     n_val = 0 if val_fraction == 0 else min(n - 1, max(1, round(val_fraction * n)))
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     return perm[n_val:].sort().values, perm[:n_val].sort().values
+
+
+def row_subset(n: int, size: int, seed: int) -> torch.Tensor:
+    """A seeded random subset of ``size`` of range(n) (all of it when size >= n), sorted: [min(size, n)] long."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:size].sort().values
 
 
 def kfold_indices(n: int, num_folds: int, fold: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,7 +14,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from ..folds import kfold_indices, train_val_indices
+from ..folds import kfold_indices, row_subset, train_val_indices
 from ..graph import check_int
 from ..inputs import Standardizer
 from .download import fetch_mulan, mulan_datasets, mulan_files
@@ -242,7 +242,7 @@ class MultilabelDataModule(_TensorDataModule):
                               seed=self.seed)
         x, y = d.x_train, d.y_train
         if self.max_rows is not None and self.max_rows < len(x):
-            keep = torch.randperm(len(x), generator=torch.Generator().manual_seed(self.seed))[:self.max_rows].sort()[0]
+            keep = row_subset(len(x), self.max_rows, self.seed)
             x, y = x[keep], y[keep]
         return x, y, d.x_test, d.y_test, d.feature_names, d.label_names
 

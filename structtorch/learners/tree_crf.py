@@ -15,6 +15,7 @@ import torch
 
 from ..energies import LocalLinearEnergy
 from ..estimation import EDGE_SCORES, edge_scores, select_inputs
+from ..folds import row_subset
 from ..graph import Graph, check_int
 from ..progress import phase
 from ..structure import candidate_graph, max_spanning_tree
@@ -104,7 +105,7 @@ class TreeCRF(StructuredLearner):
         ``score_rows`` of the training rows."""
         hp, graph, rows = self.hparams, self.graph, ""
         if hp.score_rows is not None and len(x) > hp.score_rows:
-            keep = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))[:hp.score_rows].sort()[0]
+            keep = row_subset(len(x), hp.score_rows, seed=0)
             rows = f" from {hp.score_rows} of the {len(x)} rows (model.score_rows)"
             x, y = x[keep.to(x.device)], y[keep.to(y.device)]
         with phase(f"inputs of each label ({hp.inputs}){rows}", quiet=hp.inputs == "aligned"):
