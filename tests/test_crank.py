@@ -269,10 +269,16 @@ def test_train_forests_warm_started_from_a_subforest_reach_the_same_optimum():
                                                                                       dtype=F64))
 
 
-def test_mst_gains_by_components_equal_each_edge_model_trained_on_all_labels():
+@pytest.mark.parametrize("copy_rows", [None, 3 * 150])
+def test_mst_gains_by_components_equal_each_edge_model_trained_on_all_labels(copy_rows, monkeypatch):
     """MST's gains from the forest of label copies (each label alone, each edge's pair) equal obj(empty) -
-    obj(empty + edge) with every edge's model trained on all labels, each certified (1e-6)."""
+    obj(empty + edge) with every edge's model trained on all labels, each certified (1e-6); also when the copies
+    are trained in batches of 3 (``MAX_COPY_ROWS``, which bounds the memory at hundreds of labels)."""
     from structtorch.data import crank_synthetic
+    from structtorch.learners import baselines
+
+    if copy_rows is not None:
+        monkeypatch.setattr(baselines, "MAX_COPY_ROWS", copy_rows)
 
     d = crank_synthetic(150, 10, 5, 3, seed=0)
     model = MST(3, 5, l2=0.01, tol=1e-6)

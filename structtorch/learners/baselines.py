@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -239,6 +240,31 @@ class ComponentModels:
         return lam / 2 * reg + hinge.mean(0)
 
 
+#: label copies x training rows per batch of ``train_components``: bounds the memory of MST's and Greedy's batched
+#: models (each holds [N, copies, 2] float64 potentials and their gradients), e.g. 1443 copies at N = 11,628
+MAX_COPY_ROWS = 2**24
+
+
+def train_components(learner: M3N, x: torch.Tensor, y: torch.Tensor, groups: list[tuple[torch.Tensor, torch.Tensor]],
+                     **train: Any) -> tuple[torch.Tensor, float]:
+    """Each group's M3N objective [G] (float64, ``ComponentModels.objectives``) after ``ComponentModels.train``
+    (keyword args ``train``), consecutive groups batched up to ``MAX_COPY_ROWS / N`` label copies (at least one
+    group), and the largest relative duality gap of the batches. The objective splits over components, so
+    batching does not change it."""
+    objectives, gap, batch, size = [], 0.0, [], 0
+    most = MAX_COPY_ROWS // len(x)
+    for g, group in enumerate(groups):
+        batch.append(group)
+        size += len(group[0])
+        if g + 1 == len(groups) or size + len(groups[g + 1][0]) > most:
+            models = ComponentModels(batch, learner.hparams.num_labels)
+            solver = models.train(learner, x, y, **train)
+            objectives.append(models.objectives(solver, learner.bias_reg))
+            gap = max(gap, float(solver.last.relative_gap.max()))
+            batch, size = [], 0
+    return (torch.cat(objectives) if objectives else x.new_zeros(0, dtype=torch.float64)), gap
+
+
 class MST(_StructureSearch):
     """CRANK's MST baseline: the objective gain of each candidate edge alone over the empty model, the maximum
     spanning tree of those gains, then M3N on that tree.
@@ -251,18 +277,12 @@ class MST(_StructureSearch):
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         graph = self.energy.graph
         n, none = graph.num_nodes, torch.zeros(0, 2, dtype=torch.long)
-        models = ComponentModels([(torch.tensor([i]), none) for i in range(n)]
-                                 + [(e, e[None]) for e in graph.edges], n)
-        solver = models.train(self, x, y)
-        objective = models.objectives(solver, self.bias_reg)  # [n + E]: each label alone, then each pair
+        groups = [(torch.tensor([i]), none) for i in range(n)] + [(e, e[None]) for e in graph.edges]
+        objective, gap = train_components(self, x, y, groups)  # [n + E]: each label alone, then each pair
         gains = objective[graph.edges].sum(1) - objective[n:]
-        self.search_log = [{"empty": float(objective[:n].sum()), "gains": gains.tolist(),
-                            "certificate": float(solver.last.relative_gap[0])}]
+        self.search_log = [{"empty": float(objective[:n].sum()), "gains": gains.tolist(), "certificate": gap}]
         return max_spanning_tree(gains, graph).cpu()
 
-
-#: label copies per batch of Greedy's candidate models (bounds the memory of a step)
-GREEDY_COPIES = 4096
 
 
 class Greedy(_StructureSearch):
@@ -356,19 +376,11 @@ class Greedy(_StructureSearch):
               forest: torch.Tensor, objective: torch.Tensor, weights: tuple[torch.Tensor, ...], eps: float,
               gains: torch.Tensor) -> None:
         """gains[e] = obj(A) + obj(B) - obj(A + B + e) after ``search_iters`` iterations, for the ``stale``
-        candidates, in batches of at most ``GREEDY_COPIES`` label copies."""
-        edges, chunk, size = self.energy.graph.edges, [], 0
-        for e in stale.tolist() + [None]:
-            group = None if e is None else self._merged(e, component, forest)
-            if chunk and (e is None or size + len(group[0]) > GREEDY_COPIES):
-                models = ComponentModels([g for _, g in chunk], self.hparams.num_labels)
-                solver = models.train(self, x, y, start=weights, iterations=self.hparams.search_iters, eps=eps)
-                ids = torch.tensor([c for c, _ in chunk])
-                gains[ids] = objective[component[edges[ids]]].sum(1) - models.objectives(solver, self.bias_reg)
-                chunk, size = [], 0
-            if e is not None:
-                chunk.append((e, group))
-                size += len(group[0])
+        candidates (trained in batches, ``train_components``)."""
+        edges = self.energy.graph.edges
+        groups = [self._merged(e, component, forest) for e in stale.tolist()]
+        merged, _ = train_components(self, x, y, groups, start=weights, iterations=self.hparams.search_iters, eps=eps)
+        gains[stale] = objective[component[edges[stale]]].sum(1) - merged
 
     @staticmethod
     def _label_weights(models: ComponentModels, solver: SmoothedLBFGS, weights: tuple[torch.Tensor, ...]
