@@ -450,6 +450,23 @@ def test_bad_inputs():
         lp_map(None)
 
 
+def test_a_batch_larger_than_the_memory_available_is_a_clear_memory_error(monkeypatch):
+    """CRANK on delicious (10 restarts x 11,628 rows on 7,588 candidate edges) would need ~250 GiB: the sweeps
+    must not start (and be killed by the operating system part-way through training) but say what to lower."""
+    from structtorch.inference import smoothed
+
+    free = smoothed.available_memory(torch.device("cpu"))
+    assert free is None or free > 0
+    g = Graph.complete(4)
+    pot = Potentials(torch.randn(5, 4, 2, dtype=torch.float64), torch.randn(5, 6, 2, 2, dtype=torch.float64), g)
+    need = smoothed.LP_WORKING_COPIES * 5 * 6 * 2 * 2 * 8
+    monkeypatch.setattr(smoothed, "available_memory", lambda device: need - 1)
+    with pytest.raises(MemoryError, match=r"5 problems .* on 6 edges .*model\.candidates"):
+        smoothed_lp(pot, eps=0.1, iters=3)
+    monkeypatch.setattr(smoothed, "available_memory", lambda device: need)
+    assert torch.isfinite(smoothed_lp(pot, eps=0.1, iters=3).value).all()
+
+
 # ---------------------------------------------------------------------- empty batches
 @pytest.mark.parametrize("batch", [(0,), (2, 0)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
