@@ -391,6 +391,32 @@ def test_global_cmi_is_local_cmi_with_every_input(continuous_data) -> None:
                                edge_scores(x, y, "local_cmi", inputs=every, **fit), rtol=0, atol=1e-12)
 
 
+def test_a_spent_time_budget_keeps_the_scores_of_the_most_dependent_pairs(monkeypatch) -> None:
+    """Pairs are scored by decreasing mutual information; once the run's time budget is spent (after the first
+    batch of 2 pairs here) the rest score -inf, the scored ones as without a budget, and TreeCRF's structure leaves
+    the unscored pairs out (a forest). Before: the scores ran on for hours past trainer.time_budget (delicious)."""
+    from structtorch.learners import TreeCRF
+    from structtorch.progress import time_budget
+
+    module = importlib.import_module("structtorch.estimation.edge_scores")
+    data = tree_crf_synthetic(120, 10, num_labels=5, seed=3)
+    x = data.x_train + 0.1 * torch.randn(data.x_train.shape, generator=torch.Generator().manual_seed(0),
+                                         dtype=data.x_train.dtype)
+    y, fit = data.y_train, dict(inputs=data.inputs, cv_folds=3, lambdas=LAMBDA_GRID[::3])
+    monkeypatch.setattr(module, "PAIR_BATCH_ELEMENTS", 2 * len(y) * 4)
+    full = edge_scores(x, y, "dci", **fit)
+    with time_budget(1e-9):
+        cut = edge_scores(x, y, "dci", **fit)
+    first = label_mutual_information(y).argsort(descending=True, stable=True)[:2]
+    assert torch.equal(cut.isfinite().nonzero()[:, 0].sort().values, first.sort().values)
+    torch.testing.assert_close(cut[first], full[first], rtol=1e-6, atol=1e-9)
+    model = TreeCRF(x.shape[1], 5, inputs="l1", num_inputs=3, score="dci")
+    model.set_candidates(Graph.complete(5))
+    with time_budget(1e-9):
+        tree = model.build_structure(x, y)
+    assert 1 <= int(tree.sum()) <= 2 and bool(model.edge_score[tree].isfinite().all())
+
+
 @pytest.mark.parametrize("method", ["dci", "local_cmi", "chow_liu"])
 def test_scores_on_a_graph_in_batches_equal_the_complete_graphs_on_its_edges(method: str, monkeypatch) -> None:
     """Scores restricted to a candidate graph, computed two pairs per batch, equal the one-batch scores of the

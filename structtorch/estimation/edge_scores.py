@@ -20,6 +20,8 @@ piecewise score. Expectations are means over the training examples. The pair reg
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..energies.local import pad_subsets, pair_inputs
@@ -29,6 +31,8 @@ from ..structure.edge_scores import label_mutual_information
 from .conditionals import LAMBDA_GRID, conditional_log_probs, select_inputs, tables_fit
 
 __all__ = ["EDGE_SCORES", "PAIR_BATCH_ELEMENTS", "edge_scores", "scores_from_log_probs"]
+
+log = logging.getLogger(__name__)
 
 #: log-probabilities P(y_i, y_j | x_n) per batch of pair regressions (E_batch N K^2 float64: 128 MiB)
 PAIR_BATCH_ELEMENTS = 1 << 24
@@ -49,7 +53,9 @@ def edge_scores(x: torch.Tensor, y: torch.Tensor, method: str, inputs: list[list
     of an l1 logistic regression per label (``select_inputs``). The conditionals are count tables
     or l2 logistic regressions with the penalty chosen per regression by ``cv_folds``-fold CV over
     ``lambdas`` (``conditional_log_probs``, ``estimator``), the regressions of a batch of pairs fitted as one
-    batched model. K = ``num_states`` or y.max() + 1 (at least 2).
+    batched model. K = ``num_states`` or y.max() + 1 (at least 2). Pairs are scored in decreasing order of
+    their labels' mutual information; once the running ``time_budget`` is spent (``trainer.time_budget``: at
+    most half of it goes to structure learning), the pairs not yet scored get -inf.
     """
     if method not in EDGE_SCORES:
         raise ValueError(f"method must be one of {EDGE_SCORES}, got {method!r}")
@@ -77,16 +83,22 @@ def edge_scores(x: torch.Tensor, y: torch.Tensor, method: str, inputs: list[list
     if estimator == "auto":  # one estimator for every batch of pairs, so their scores compare
         estimator = "table" if tables_fit(x, pad_subsets(pair_cols, x.shape[1])) else "logistic"
     fit["estimator"] = estimator
-    scores, batch = [], max(1, PAIR_BATCH_ELEMENTS // (N * K * K))
+    order = label_mutual_information(y, K, graph=graph).argsort(descending=True, stable=True).to(edges.device)
+    scores = torch.full((len(edges),), float("-inf"), dtype=torch.float64, device=y.device)
+    batch = max(1, PAIR_BATCH_ELEMENTS // (N * K * K))
     with phase("P(y_i, y_j | inputs)", quiet=True):
         for lo in range(0, len(edges), batch):
-            e, cols = edges[lo:lo + batch], pair_cols[lo:lo + batch]
+            ids = order[lo:lo + batch]
+            e, cols = edges[ids], [pair_cols[i] for i in ids.tolist()]
             target = (y[:, e[:, 0]] * K + y[:, e[:, 1]]).T  # [E_batch, N]
             log_pair = conditional_log_probs(x, target, pad_subsets(cols, x.shape[1]).to(x.device), K * K,
                                              **fit).view(len(e), N, K, K)
-            scores.append(scores_from_log_probs(method, log_pair, y, log_node, edges=e))
-            tick(lo + len(e), len(edges), "label pairs")
-    return torch.cat(scores) if scores else torch.zeros(0, dtype=torch.float64)
+            scores[ids.to(y.device)] = scores_from_log_probs(method, log_pair, y, log_node, edges=e).to(scores)
+            if not tick(lo + len(e), len(edges), "label pairs") and lo + len(e) < len(edges):
+                log.warning("edge scores: the run's time budget is spent after %d of %d label pairs (the most "
+                            "dependent first); the others score -inf", lo + len(e), len(edges))
+                break
+    return scores
 
 
 def scores_from_log_probs(method: str, log_pair: torch.Tensor, y: torch.Tensor, log_node: torch.Tensor | None = None,

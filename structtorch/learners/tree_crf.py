@@ -115,7 +115,7 @@ class TreeCRF(StructuredLearner):
             scores = edge_scores(x, y, hp.score, inputs=inputs, num_states=hp.num_states, cv_folds=hp.score_folds,
                                  graph=graph)
         self.edge_score = scores.to(self.edge_score)
-        return max_spanning_tree(scores, graph).cpu()
+        return (max_spanning_tree(scores, graph) & scores.isfinite()).cpu()  # pairs left unscored (-inf): no edge
 
     def structure_weights(self) -> torch.Tensor | None:
         """The edge score of each kept edge [E] (what the max spanning tree maximised)."""
