@@ -66,11 +66,12 @@ def budget_share(fraction: float) -> Iterator[None]:
         _DEADLINE.reset(token)
 
 
-def out_of_time(distributed: bool = False) -> bool:
-    """True once the running ``time_budget`` is spent. In a multi-process distributed run, False unless
+def out_of_time(distributed: bool = False, reserve: float = 0.0) -> bool:
+    """True once the running ``time_budget`` is spent, or has less than ``reserve`` seconds left (kept for work
+    that must follow, e.g. a closing certificate). In a multi-process distributed run, False unless
     ``distributed`` (the caller then agrees with the other processes: see the module docstring)."""
     deadline = _DEADLINE.get()
-    if deadline is None or time.monotonic() < deadline:
+    if deadline is None or time.monotonic() < deadline - reserve:
         return False
     return distributed or not _multi_process()
 

@@ -181,6 +181,42 @@ def test_rta_on_medical_shaped_data_never_stops_on_a_negative_gap(tmp_path):
     assert report["inference"]["train"]["certified"] < 1.0
 
 
+def _rta_fit(max_epochs: int, **kwargs) -> RTA:
+    from structtorch.data.datamodule import SyntheticDataModule
+
+    dm = SyntheticDataModule(num_train=60, num_test=10, num_labels=5, val_fraction=0.0, seed=0)
+    model = RTA(dm.num_features, dm.num_labels, **kwargs)
+    L.Trainer(max_epochs=max_epochs, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+              enable_model_summary=False).fit(model, datamodule=dm)
+    return model
+
+
+def test_a_run_that_steps_after_its_last_certificate_is_certified_again_at_fit_end(monkeypatch):
+    """BCFW certifies at an epoch's end when its estimate says so; a run that then steps on (stopped by
+    max_epochs or the time budget) reports the certificate of the weights it ends with, not an older one."""
+    from structtorch.solvers import BCFW
+
+    calls = []
+    monkeypatch.setattr(BCFW, "should_certify", lambda self: (calls.append(1), len(calls) == 1)[1])
+    model = _rta_fit(2)
+    final = model.strategy.certify()
+    assert model.strategy.certificate.primal.tolist() == final.primal.tolist() and not model.strategy.stale
+
+
+def test_bcfw_keeps_the_closing_certificate_s_time_out_of_the_budget(monkeypatch):
+    """The budget keeps the closing certificate's pass (at the steps' pace) in reserve: with a reserve larger than
+    the budget no step is taken, and the run still ends certified."""
+    from structtorch.progress import time_budget
+    from structtorch.strategies.certified import BCFWStrategy
+
+    monkeypatch.setattr(BCFWStrategy, "certificate_seconds", lambda self: 1e6)
+    with time_budget(600):
+        model = _rta_fit(1)
+    assert model.strategy.step_rows == 0 and model.strategy.certificate is not None
+    assert all(float(p.abs().max()) == 0.0 for p in model.energy.parameters())
+    assert _rta_fit(1).strategy.step_rows == 60
+
+
 def test_a_run_stopped_before_its_first_certificate_is_certified_at_fit_end(monkeypatch):
     """The certificate of a run stopped by max_epochs before its first exact gap is computed at fit end, on the
     device it trained on: after fit Lightning moves the learner back to the CPU while the strategy's copy of the

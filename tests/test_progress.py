@@ -77,6 +77,9 @@ def test_a_time_budget_turns_tick_and_out_of_time_once_spent(monkeypatch):
             assert progress.tick(3) and not progress.out_of_time()
         assert not progress.tick(4) and progress.out_of_time() and progress.out_of_time(distributed=True)
     assert progress.tick(5) and not progress.out_of_time()  # restored on exit
+    with progress.time_budget(10):  # a reserve: out of time that many seconds before the deadline
+        now[0] = 205.0
+        assert not progress.out_of_time(reserve=4.9) and progress.out_of_time(reserve=5.0)
 
 
 def test_loops_and_the_greedy_search_stop_when_the_budget_is_spent():

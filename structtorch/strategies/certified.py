@@ -5,6 +5,7 @@ model's) after their certificates and stop the run once every model's gap is <= 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ class Certified(Strategy):
     def __init__(self, learner) -> None:
         super().__init__(learner)
         self.certificate: GapInfo | None = None
+        self.stale = False  # steps were taken since ``certificate``
 
     def check(self) -> None:
         energy = self.learner.energy
@@ -41,7 +43,7 @@ class Certified(Strategy):
 
     def log_certificate(self, info: GapInfo) -> bool:
         """Keep, log and judge a certificate: True when every model is certified."""
-        self.certificate = info
+        self.certificate, self.stale = info, False
         self.learner.log("train/duality_gap", info.relative_gap.max().float(), prog_bar=True)
         self.learner.log("train/objective", info.primal.sum().float())
         self.learner.log("train/dual", info.dual.sum().float())
@@ -57,10 +59,11 @@ class Certified(Strategy):
         raise NotImplementedError
 
     def train_end(self) -> None:
-        """A run stopped before its first exact certificate gets one now, on the device it trained on: after fit
-        the learner is back on the CPU while the strategy's copy of the training set stays on the GPU."""
-        if self.certificate is None:
-            self.certificate = self.certify()
+        """A run stopped before its first exact certificate, or that stepped after its last one, gets one now (of
+        the weights it ends with), on the device it trained on: after fit the learner is back on the CPU while the
+        strategy's copy of the training set stays on the GPU."""
+        if self.certificate is None or self.stale:
+            self.certificate, self.stale = self.certify(), False
 
     def warning(self) -> str | None:
         info = self.certificate
@@ -154,6 +157,7 @@ class BCFWStrategy(Certified):
                            bias_reg=learner.bias_reg, tol=hp.tol, mask=mask, margin=hp.margin,
                            averaging=hp.bcfw_averaging)  # from w = 0 = w(mu) of its starting dual point
         self.train_stats: dict[str, float] = {}
+        self.step_seconds, self.step_rows = 0.0, 0
         if state is not None:  # the checkpoint's dual state and weights
             self.solver.load_state_dict({k: None if v is None else v.to(learner.device)
                                          for k, v in state.items() if k != "kind"})
@@ -170,14 +174,23 @@ class BCFWStrategy(Certified):
         learner = self.learner
         if len(batch) < 3:
             raise ValueError("solver=bcfw needs batches (x, y, index) with each example's index in the training set")
-        if out_of_time():  # the run's time budget is spent: the rest of the epoch passes without steps
-            return
+        if out_of_time(reserve=self.certificate_seconds()):  # the budget is spent (less the closing certificate's
+            return  # time): the rest of the epoch passes without steps
+        start = time.monotonic()
         gathered = learner.trainer.world_size > 1  # every rank takes the same step, on the gathered batch
         x, y, index = (learner.all_gather(t).flatten(0, 1) if gathered else t for t in batch[:3])
         info = self.solver.step(x, learner.energy_labels(y), index)
+        self.step_seconds += time.monotonic() - start
+        self.step_rows += len(x)
+        self.stale = True
         self.step_counter()
         learner.log("train/loss", info.loss.sum(), prog_bar=True, on_step=False, on_epoch=True, reduce_fx="sum",
                     batch_size=len(x))
+
+    def certificate_seconds(self) -> float:
+        """The closing certificate's expected time (one pass of the oracle over the training set) at the pace of
+        this run's steps so far (0 before the first): the time budget keeps it in reserve."""
+        return self.step_seconds / self.step_rows * len(self.x) if self.step_rows else 0.0
 
     def epoch_end(self) -> bool:
         stats = self.oracle.stats() if hasattr(self.oracle, "stats") else None
