@@ -293,6 +293,27 @@ def test_mst_gains_by_components_equal_each_edge_model_trained_on_all_labels(cop
     assert torch.equal(mask, max_spanning_tree(objective[0] - objective[1:], Graph.complete(5)))
 
 
+def test_mst_out_of_time_keeps_the_pairs_it_trained(monkeypatch):
+    """Batches of label copies after the run's time budget is spent are not trained: MST's tree keeps only the
+    pairs trained before (the most dependent first), instead of running past the budget (delicious: 12 batches,
+    each certified)."""
+    from structtorch.data import crank_synthetic
+    from structtorch.learners import baselines
+    from structtorch.structure import label_mutual_information
+
+    d = crank_synthetic(150, 10, 5, 3, seed=0)
+    monkeypatch.setattr(baselines, "MAX_COPY_ROWS", 9 * 150)  # batches: 5 labels + 2 pairs, then 4 pairs, 4 pairs
+    calls = []
+    monkeypatch.setattr(baselines, "out_of_time", lambda: (calls.append(1), len(calls) > 1)[1])
+    model = MST(3, 5, l2=0.01, tol=1e-6)
+    model.resolve_l2(150)
+    mask = model.build_structure(d.x_train, d.y_train)
+    first = label_mutual_information(d.y_train).argsort(descending=True, stable=True)[:2]
+    trained = [k for k, g in enumerate(model.search_log[0]["gains"]) if g is not None]
+    assert sorted(trained) == sorted(first.tolist()) and len(calls) == 3
+    assert bool(mask[first].any()) and not bool(mask[[k for k in range(10) if k not in trained]].any())
+
+
 def test_greedy_by_components_reaches_the_objective_of_its_forest_trained_whole():
     """Greedy trains only the merged component at each step; the sum of its components' certified objectives is the
     certified objective of its final forest trained as one model, and each added edge lowered it."""

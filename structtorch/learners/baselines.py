@@ -16,7 +16,7 @@ from ..progress import out_of_time
 from ..solvers import ForestSmoothedMax, LPSmoothedMax, Oracle, SmoothedLBFGS, SmoothedMax, smoothed_oracle
 from ..state import ExampleState
 from ..structure import max_spanning_tree
-from ..structure.edge_scores import candidate_graph, chow_liu_tree
+from ..structure.edge_scores import candidate_graph, chow_liu_tree, label_mutual_information
 from .base import StructuredLearner
 
 log = logging.getLogger(__name__)
@@ -250,17 +250,20 @@ def train_components(learner: M3N, x: torch.Tensor, y: torch.Tensor, groups: lis
     """Each group's M3N objective [G] (float64, ``ComponentModels.objectives``) after ``ComponentModels.train``
     (keyword args ``train``), consecutive groups batched up to ``MAX_COPY_ROWS / N`` label copies (at least one
     group), and the largest relative duality gap of the batches. The objective splits over components, so
-    batching does not change it."""
+    batching does not change it. Once the run's time budget is spent, the groups not yet trained get NaN."""
     objectives, gap, batch, size = [], 0.0, [], 0
     most = MAX_COPY_ROWS // len(x)
     for g, group in enumerate(groups):
         batch.append(group)
         size += len(group[0])
         if g + 1 == len(groups) or size + len(groups[g + 1][0]) > most:
-            models = ComponentModels(batch, learner.hparams.num_labels)
-            solver = models.train(learner, x, y, **train)
-            objectives.append(models.objectives(solver, learner.bias_reg))
-            gap = max(gap, float(solver.last.relative_gap.max()))
+            if out_of_time():
+                objectives.append(torch.full((len(batch),), float("nan"), dtype=torch.float64, device=x.device))
+            else:
+                models = ComponentModels(batch, learner.hparams.num_labels)
+                solver = models.train(learner, x, y, **train)
+                objectives.append(models.objectives(solver, learner.bias_reg))
+                gap = max(gap, float(solver.last.relative_gap.max()))
             batch, size = [], 0
     return (torch.cat(objectives) if objectives else x.new_zeros(0, dtype=torch.float64)), gap
 
@@ -277,11 +280,14 @@ class MST(_StructureSearch):
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         graph = self.energy.graph
         n, none = graph.num_nodes, torch.zeros(0, 2, dtype=torch.long)
-        groups = [(torch.tensor([i]), none) for i in range(n)] + [(e, e[None]) for e in graph.edges]
+        order = label_mutual_information(y, graph=graph).argsort(descending=True, stable=True).cpu()
+        groups = [(torch.tensor([i]), none) for i in range(n)] + [(e, e[None]) for e in graph.edges[order]]
         objective, gap = train_components(self, x, y, groups)  # [n + E]: each label alone, then each pair
-        gains = objective[graph.edges].sum(1) - objective[n:]
-        self.search_log = [{"empty": float(objective[:n].sum()), "gains": gains.tolist(), "certificate": gap}]
-        return max_spanning_tree(gains, graph).cpu()
+        gains = torch.full((graph.num_edges,), float("-inf"), dtype=torch.float64)
+        gains[order] = (objective[graph.edges[order]].sum(1) - objective[n:]).cpu().nan_to_num(float("-inf"))
+        self.search_log = [{"empty": float(objective[:n].sum()), "certificate": gap,
+                            "gains": [g if g > float("-inf") else None for g in gains.tolist()]}]
+        return (max_spanning_tree(gains, graph) & gains.isfinite()).cpu()  # pairs not trained in the budget: no edge
 
 
 
@@ -343,10 +349,10 @@ class Greedy(_StructureSearch):
             joins = component[edges[:, 0]] != component[edges[:, 1]]  # the edges that keep a forest
             if not bool(joins.any()):
                 return forest, weights
-            if out_of_time():
+            self._rank(x, y, (joins & gains.isnan()).nonzero()[:, 0], component, forest, objective, weights, eps, gains)
+            if out_of_time():  # some candidates may be unranked (NaN)
                 log.warning("Greedy: the run's time budget is spent; the search stops at %d edges", int(forest.sum()))
                 return forest, weights
-            self._rank(x, y, (joins & gains.isnan()).nonzero()[:, 0], component, forest, objective, weights, eps, gains)
             best = int(torch.where(joins, gains, float("-inf")).argmax())
             models = ComponentModels([self._merged(best, component, forest)], n)
             certified = models.train(self, x, y, start=weights, eps=eps)
