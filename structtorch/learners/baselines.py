@@ -241,8 +241,8 @@ class ComponentModels:
 
 
 #: label copies x training rows per batch of ``train_components``: bounds the memory of MST's and Greedy's batched
-#: models (each holds [N, copies, 2] float64 potentials and their gradients), e.g. 1443 copies at N = 11,628
-MAX_COPY_ROWS = 2**24
+#: models (measured: about 430 bytes per copy and row, so about 1.8 GB), e.g. 360 copies at N = 11,628
+MAX_COPY_ROWS = 2**22
 
 
 def train_components(learner: M3N, x: torch.Tensor, y: torch.Tensor, groups: list[tuple[torch.Tensor, torch.Tensor]],
