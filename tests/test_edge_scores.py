@@ -394,7 +394,8 @@ def test_global_cmi_is_local_cmi_with_every_input(continuous_data) -> None:
 def test_a_spent_time_budget_keeps_the_scores_of_the_most_dependent_pairs(monkeypatch) -> None:
     """Pairs are scored by decreasing mutual information; once the run's time budget is spent (after the first
     batch of 2 pairs here) the rest score -inf, the scored ones as without a budget, and TreeCRF's structure leaves
-    the unscored pairs out (a forest). Before: the scores ran on for hours past trainer.time_budget (delicious)."""
+    the unscored pairs out (a forest); DCI's node regressions are fitted for the scored pairs' labels only.
+    Before: the scores (and the 983 node regressions) ran on far past trainer.time_budget (delicious)."""
     from structtorch.learners import TreeCRF
     from structtorch.progress import time_budget
 
@@ -405,10 +406,15 @@ def test_a_spent_time_budget_keeps_the_scores_of_the_most_dependent_pairs(monkey
     y, fit = data.y_train, dict(inputs=data.inputs, cv_folds=3, lambdas=LAMBDA_GRID[::3])
     monkeypatch.setattr(module, "PAIR_BATCH_ELEMENTS", 2 * len(y) * 4)
     full = edge_scores(x, y, "dci", **fit)
+    fitted, conditional = [], module.conditional_log_probs
+    monkeypatch.setattr(module, "conditional_log_probs",
+                        lambda x, target, *a, **k: (fitted.append(len(target)), conditional(x, target, *a, **k))[1])
     with time_budget(1e-9):
         cut = edge_scores(x, y, "dci", **fit)
     first = label_mutual_information(y).argsort(descending=True, stable=True)[:2]
     assert torch.equal(cut.isfinite().nonzero()[:, 0].sort().values, first.sort().values)
+    labels = Graph.complete(5).edges[first].unique()
+    assert fitted == [2, len(labels)]  # one batch of pairs, and P(y_i | X_i) of its labels only
     torch.testing.assert_close(cut[first], full[first], rtol=1e-6, atol=1e-9)
     model = TreeCRF(x.shape[1], 5, inputs="l1", num_inputs=3, score="dci")
     model.set_candidates(Graph.complete(5))

@@ -30,12 +30,15 @@ from ..progress import phase, tick
 from ..structure.edge_scores import label_mutual_information
 from .conditionals import LAMBDA_GRID, conditional_log_probs, select_inputs, tables_fit
 
-__all__ = ["EDGE_SCORES", "PAIR_BATCH_ELEMENTS", "edge_scores", "scores_from_log_probs"]
+__all__ = ["EDGE_SCORES", "PAIR_BATCH", "PAIR_BATCH_ELEMENTS", "edge_scores", "scores_from_log_probs"]
 
 log = logging.getLogger(__name__)
 
 #: log-probabilities P(y_i, y_j | x_n) per batch of pair regressions (E_batch N K^2 float64: 128 MiB)
 PAIR_BATCH_ELEMENTS = 1 << 24
+
+#: pairs per batch at most, so a spent time budget stops the scores within a batch of this size
+PAIR_BATCH = 128
 
 #: the ``method`` names of ``edge_scores``
 EDGE_SCORES = ("piecewise", "local_cmi", "dci", "global_cmi", "chow_liu")
@@ -75,17 +78,13 @@ def edge_scores(x: torch.Tensor, y: torch.Tensor, method: str, inputs: list[list
         inputs = select_inputs(x, y, num_inputs) if inputs is None else _check_inputs(inputs, n)
         pair_cols = pair_inputs(inputs, edges)
     fit = dict(lambdas=lambdas, cv_folds=cv_folds, seed=seed)
-    log_node = None
-    if method == "dci":
-        with phase("P(y_i | inputs)", quiet=True):
-            log_node = conditional_log_probs(x, y.T, pad_subsets(inputs, x.shape[1]).to(x.device), K,
-                                             estimator=estimator, **fit)
+    node = _NodeConditionals(x, y, inputs, K, estimator, fit) if method == "dci" else None
     if estimator == "auto":  # one estimator for every batch of pairs, so their scores compare
         estimator = "table" if tables_fit(x, pad_subsets(pair_cols, x.shape[1])) else "logistic"
     fit["estimator"] = estimator
     order = label_mutual_information(y, K, graph=graph).argsort(descending=True, stable=True).to(edges.device)
     scores = torch.full((len(edges),), float("-inf"), dtype=torch.float64, device=y.device)
-    batch = max(1, PAIR_BATCH_ELEMENTS // (N * K * K))
+    batch = max(1, min(PAIR_BATCH, PAIR_BATCH_ELEMENTS // (N * K * K)))
     with phase("P(y_i, y_j | inputs)", quiet=True):
         for lo in range(0, len(edges), batch):
             ids = order[lo:lo + batch]
@@ -93,12 +92,39 @@ def edge_scores(x: torch.Tensor, y: torch.Tensor, method: str, inputs: list[list
             target = (y[:, e[:, 0]] * K + y[:, e[:, 1]]).T  # [E_batch, N]
             log_pair = conditional_log_probs(x, target, pad_subsets(cols, x.shape[1]).to(x.device), K * K,
                                              **fit).view(len(e), N, K, K)
+            log_node = None if node is None else node.of(e.unique())
             scores[ids.to(y.device)] = scores_from_log_probs(method, log_pair, y, log_node, edges=e).to(scores)
             if not tick(lo + len(e), len(edges), "label pairs") and lo + len(e) < len(edges):
                 log.warning("edge scores: the run's time budget is spent after %d of %d label pairs (the most "
                             "dependent first); the others score -inf", lo + len(e), len(edges))
                 break
     return scores
+
+
+class _NodeConditionals:
+    """DCI's log P(Y_i = a | X_i = x_n) [n, N, K], fitted for a label when a batch of pairs first needs it (a
+    budget that stops the pairs early also spares the labels they do not touch). Each label's regression is
+    independent of the others' (same folds and estimator), so the order does not change them."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, inputs: list[list[int]], K: int, estimator: str,
+                 fit: dict) -> None:
+        self.x, self.y, self.K = x, y, K
+        self.subsets = pad_subsets(inputs, x.shape[1]).to(x.device)
+        if estimator == "auto":  # decided once over every label
+            estimator = "table" if tables_fit(x, self.subsets) else "logistic"
+        self.fit = fit | {"estimator": estimator}
+        self.log = torch.zeros(y.shape[1], y.shape[0], K, dtype=torch.float64, device=y.device)
+        self.done = torch.zeros(y.shape[1], dtype=torch.bool, device=y.device)
+
+    def of(self, labels: torch.Tensor) -> torch.Tensor:
+        """The table [n, N, K] with the rows of ``labels`` (LongTensor) fitted."""
+        new = labels.to(self.done.device)[~self.done[labels.to(self.done.device)]]
+        if len(new):
+            with phase("P(y_i | inputs)", quiet=True):
+                self.log[new] = conditional_log_probs(self.x, self.y.T[new], self.subsets[new.to(self.x.device)],
+                                                      self.K, **self.fit).to(self.log)
+            self.done[new] = True
+        return self.log
 
 
 def scores_from_log_probs(method: str, log_pair: torch.Tensor, y: torch.Tensor, log_node: torch.Tensor | None = None,

@@ -55,7 +55,7 @@ def built() -> bool:
 
 def kernels() -> ModuleType:
     """The built extension (built on the first call)."""
-    if _BUILT.get("error") is not None:  # a failed build is not tried again in this process
+    if _BUILT["error"] is not None:  # a failed build is not tried again in this process
         raise _BUILT["error"]
     if _BUILT["module"] is None:
         from torch.utils.cpp_extension import load
