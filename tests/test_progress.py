@@ -49,6 +49,7 @@ def test_ticks_are_logged_at_most_every_every_s_seconds(caplog):
                   "TreeCRF structure (180 training examples) > edge scores (dci) of 6 label pairs: started"]),
     ("crank", ["CRANK (cccp), epoch 1: started"]),
     ("full", ["Full (lbfgs), epoch 1: started"]),
+    ("rta", ["RTA (bcfw), epoch 1: started"]),
 ])
 def test_the_long_phases_of_a_run_report_progress(model, first, tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(progress, "EVERY_S", 0.0)  # every tick is logged
@@ -59,7 +60,8 @@ def test_the_long_phases_of_a_run_report_progress(model, first, tmp_path, caplog
         run(cfg, tmp_path)
     logged = lines(caplog)
     assert [line for line in logged if line.endswith(": started")][:len(first)] == first
-    unit = {"tree_crf": "Newton iterations", "crank": "FISTA iterations", "full": "L-BFGS iterations"}[model]
+    unit = {"tree_crf": "Newton iterations", "crank": "FISTA iterations", "full": "L-BFGS iterations",
+            "rta": "rows"}[model]  # RTA: its certificate's pass over the training rows (10 min on delicious)
     assert any(f" {unit} after " in line for line in logged), logged
 
 

@@ -6,11 +6,12 @@ model's) after their certificates and stop the run once every model's gap is <= 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from ..progress import out_of_time
+from ..progress import out_of_time, phase, tick
 from ..solvers import BCFW, GapInfo, SmoothedLBFGS
 from .base import Strategy
 
@@ -157,7 +158,7 @@ class BCFWStrategy(Certified):
                            bias_reg=learner.bias_reg, tol=hp.tol, mask=mask, margin=hp.margin,
                            averaging=hp.bcfw_averaging)  # from w = 0 = w(mu) of its starting dual point
         self.train_stats: dict[str, float] = {}
-        self.step_seconds, self.step_rows = 0.0, 0
+        self.step_seconds, self.step_rows, self.warmed_up = 0.0, 0, False
         if state is not None:  # the checkpoint's dual state and weights
             self.solver.load_state_dict({k: None if v is None else v.to(learner.device)
                                          for k, v in state.items() if k != "kind"})
@@ -180,16 +181,17 @@ class BCFWStrategy(Certified):
         gathered = learner.trainer.world_size > 1  # every rank takes the same step, on the gathered batch
         x, y, index = (learner.all_gather(t).flatten(0, 1) if gathered else t for t in batch[:3])
         info = self.solver.step(x, learner.energy_labels(y), index)
-        self.step_seconds += time.monotonic() - start
-        self.step_rows += len(x)
-        self.stale = True
+        if self.warmed_up:  # the pace leaves out the run's first step (its warm-up: kernels, allocations)
+            self.step_seconds += time.monotonic() - start
+            self.step_rows += len(x)
+        self.warmed_up = self.stale = True
         self.step_counter()
         learner.log("train/loss", info.loss.sum(), prog_bar=True, on_step=False, on_epoch=True, reduce_fx="sum",
                     batch_size=len(x))
 
     def certificate_seconds(self) -> float:
         """The closing certificate's expected time (one pass of the oracle over the training set) at the pace of
-        this run's steps so far (0 before the first): the time budget keeps it in reserve."""
+        this run's steps after its first (0 until then): the time budget keeps it in reserve."""
         return self.step_seconds / self.step_rows * len(self.x) if self.step_rows else 0.0
 
     def epoch_end(self) -> bool:
@@ -204,9 +206,16 @@ class BCFWStrategy(Certified):
         return self.log_certificate(self.certify())
 
     def certify(self) -> GapInfo:
-        """The exact duality gap, one pass over the training set."""
+        """The exact duality gap, one pass over the training set (a progress line every ``EVERY_S`` seconds of a
+        long pass)."""
         every = torch.arange(len(self.x), device=self.x.device)
-        return self.solver.duality_gap((self.x[i], self.y[i], i) for i in every.split(1024))
+        with phase(f"{type(self.learner).__name__} ({self.name}) certificate", quiet=True):
+            return self.solver.duality_gap(self._rows(every.split(1024)))
+
+    def _rows(self, chunks: tuple[torch.Tensor, ...]) -> Iterator[tuple[torch.Tensor, ...]]:
+        for k, i in enumerate(chunks):
+            tick(sum(map(len, chunks[:k])), len(self.x), "rows")
+            yield self.x[i], self.y[i], i
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.name, **{k: None if v is None else v.detach().cpu()
