@@ -217,6 +217,21 @@ def test_bcfw_keeps_the_closing_certificate_s_time_out_of_the_budget(monkeypatch
     assert _rta_fit(2).strategy.step_rows == 60  # one batch per epoch; the pace leaves out the first step
 
 
+def test_rta_certifies_in_batches_sized_by_its_searches(monkeypatch):
+    """The certificate's pass goes over the training set in batches of ``certificate_rows``: 1024 rows for the
+    papers' label counts, 26 at delicious's 983 labels (10 trees, K up to 32), whose 1024-row batches took the
+    process past 23 GB."""
+    from structtorch.solvers import BCFW
+
+    assert RTA(103, 14).certificate_rows == 1024 and RTA(500, 983).certificate_rows == 26
+    seen, gap = [], BCFW.duality_gap
+    monkeypatch.setattr(RTA, "certificate_rows", property(lambda self: 7))
+    monkeypatch.setattr(BCFW, "duality_gap", lambda self, batches: gap(self, (seen.append(len(b[0])) or b
+                                                                           for b in batches)))
+    model = _rta_fit(1)
+    assert seen[:9] == [7] * 8 + [4] and model.strategy.certificate is not None
+
+
 def test_a_run_stopped_before_its_first_certificate_is_certified_at_fit_end(monkeypatch):
     """The certificate of a run stopped by max_epochs before its first exact gap is computed at fit end, on the
     device it trained on: after fit Lightning moves the learner back to the CPU while the strategy's copy of the

@@ -257,6 +257,11 @@ class StructuredLearner(L.LightningModule):
         """The loss-augmented max oracle of solver="bcfw" (None: not available). Default: ``tree_oracle``."""
         return tree_oracle if self._exact_tree_training() else None
 
+    @property
+    def certificate_rows(self) -> int:
+        """Training rows per batch of the BCFW certificate's pass over the training set (default 1024)."""
+        return 1024
+
     def _exact_tree_training(self) -> bool:
         return self._train_max is TRAIN_INFERENCE["tree_map"] and self.graph.is_forest
 

@@ -38,6 +38,10 @@ from ..solvers import EnsembleOracle, Oracle
 from ..structure import random_spanning_trees
 from .base import StructuredLearner
 
+#: trees x labels x k_max elements of the K-best searches per batch of the certificate's pass (measured at
+#: delicious, 26 rows of 10 trees x 983 labels x K = 32: 1.2 GB)
+SEARCH_ELEMENTS = 2**23
+
 __all__ = ["MAM", "RTA"]
 
 
@@ -106,6 +110,13 @@ class RTA(StructuredLearner):
 
     def bcfw_oracle(self) -> Oracle:
         return self.oracle
+
+    @property
+    def certificate_rows(self) -> int:
+        """Rows per batch of the certificate's pass: at most ``SEARCH_ELEMENTS`` of T trees x n labels x k_max per
+        batch (delicious: 26 rows; 1024 rows there took the process past 23 GB and was killed), at most 1024."""
+        T, n = self.trees.edges.shape[0], self.hparams.num_labels
+        return max(1, min(1024, SEARCH_ELEMENTS // (T * n * self.hparams.k_max)))
 
     def worst_violator(self, pot: Potentials, y: torch.Tensor) -> torch.Tensor:
         return ensemble_map(pot, self.hparams.k, self.hparams.k_max, exclude=y)[0]

@@ -210,7 +210,7 @@ class BCFWStrategy(Certified):
         long pass)."""
         every = torch.arange(len(self.x), device=self.x.device)
         with phase(f"{type(self.learner).__name__} ({self.name}) certificate", quiet=True):
-            return self.solver.duality_gap(self._rows(every.split(1024)))
+            return self.solver.duality_gap(self._rows(every.split(self.learner.certificate_rows)))
 
     def _rows(self, chunks: tuple[torch.Tensor, ...]) -> Iterator[tuple[torch.Tensor, ...]]:
         for k, i in enumerate(chunks):
