@@ -63,7 +63,15 @@ class FixedTreeConfig(M3NConfig):
 
 
 @dataclass
-class GreedyConfig(M3NConfig):
+class SearchConfig(M3NConfig):
+    """MST and Greedy: the structure search trains on at most ``search_rows`` training rows (a seeded subset;
+    null: all of them); the forest it chooses trains on every row."""
+
+    search_rows: Any = 2000
+
+
+@dataclass
+class GreedyConfig(SearchConfig):
     """Greedy: candidates of a step ranked after ``search_iters`` L-BFGS iterations from the current forest."""
 
     search_iters: int = 50
@@ -305,7 +313,8 @@ class Config:
 #: config store so that they are no options of a group (``--help``, "could not find" lists)
 SCHEMAS: dict[str, type] = {
     "config_schema": Config, "model_schema": ModelConfig, "m3n_schema": M3NConfig,
-    "fixed_tree_schema": FixedTreeConfig, "greedy_schema": GreedyConfig, "full_schema": FullConfig,
+    "fixed_tree_schema": FixedTreeConfig, "search_schema": SearchConfig, "greedy_schema": GreedyConfig,
+    "full_schema": FullConfig,
     "crank_schema": CRANKConfig, "tree_crf_schema": TreeCRFConfig, "rta_schema": RTAConfig, "mam_schema": MAMConfig,
     "logistic_schema": LogisticConfig, "mulan_schema": MulanDataConfig, "synthetic_schema": SyntheticDataConfig,
     "tree_crf_synthetic_schema": TreeCRFSyntheticDataConfig, "denoising_schema": DenoisingDataConfig,

@@ -9,7 +9,7 @@ import torch
 
 from .graph import check_int
 
-__all__ = ["fold_assignment", "kfold_indices", "row_subset", "train_val_indices"]
+__all__ = ["fold_assignment", "kfold_indices", "row_subset", "rows_at_most", "train_val_indices"]
 
 
 def train_val_indices(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,6 +27,15 @@ def train_val_indices(n: int, val_fraction: float, seed: int) -> tuple[torch.Ten
 def row_subset(n: int, size: int, seed: int) -> torch.Tensor:
     """A seeded random subset of ``size`` of range(n) (all of it when size >= n), sorted: [min(size, n)] long."""
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:size].sort().values
+
+
+def rows_at_most(x: torch.Tensor, y: torch.Tensor, size: int | None, option: str) -> tuple[torch.Tensor, ...]:
+    """(x, y, note): at most ``size`` of the rows of x [N, D] and y [N, n] (``row_subset``, seed 0; None: all) and
+    a note for progress lines naming ``option``, the setting that chose ``size`` ("" when all rows are kept)."""
+    if size is None or len(x) <= size:
+        return x, y, ""
+    keep = row_subset(len(x), size, seed=0)
+    return x[keep.to(x.device)], y[keep.to(y.device)], f" from {size} of the {len(x)} rows ({option})"
 
 
 def kfold_indices(n: int, num_folds: int, fold: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..energies import FinleyJoachimsEnergy
+from ..folds import rows_at_most
 from ..graph import Graph, check_int
 from ..inference import lp_map, smoothed_lp, tree_map
 from ..potentials import Potentials
@@ -156,16 +157,32 @@ def forest_objectives(x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor, l
 
 
 class _StructureSearch(FixedTree):
-    """A FixedTree whose tree is found by training forests of the candidate graph (CRANK's Sec. 6 baselines)."""
+    """A FixedTree whose tree is found by training forests of the candidate graph (CRANK's Sec. 6 baselines).
+
+    Args:
+        search_rows: the search's models train on at most this many training rows (a seeded subset, ``rows_at_most``;
+            None: all), the chosen forest on every row. Other args as ``FixedTree``.
+    """
 
     searches_structure = True
 
-    def __init__(self, num_features: int, num_labels: int, **kwargs) -> None:
+    def __init__(self, num_features: int, num_labels: int, search_rows: int | None = 2000, **kwargs) -> None:
+        if search_rows is not None:
+            check_int(search_rows, f"{type(self).__name__}: model.search_rows", 2, expected="None or an int >= 2")
         super().__init__(num_features, num_labels, **kwargs)
         if self.num_models is not None:
             raise ValueError(f"{type(self).__name__}: model.l2 must be one number (the search trains candidate "
                              f"forests as the batched models)")
+        self.save_hyperparameters({"search_rows": search_rows})
         self.search_log: list[dict] = []
+
+    def search_subset(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows the search trains on: at most ``search_rows`` of x [N, D], y [N, n] (the chosen forest trains
+        on every row)."""
+        x, y, note = rows_at_most(x, y, self.hparams.search_rows, "model.search_rows")
+        if note:
+            log.info("%s: structure search%s", type(self).__name__, note)
+        return x, y
 
     def build_energy(self) -> FinleyJoachimsEnergy:
         return self.m3n_energy(self.search_graph(self.candidates), self.num_models)
@@ -279,6 +296,7 @@ class MST(_StructureSearch):
 
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         graph = self.energy.graph
+        x, y = self.search_subset(x, y)
         n, none = graph.num_nodes, torch.zeros(0, 2, dtype=torch.long)
         order = label_mutual_information(y, graph=graph).argsort(descending=True, stable=True).cpu()
         groups = [(torch.tensor([i]), none) for i in range(n)] + [(e, e[None]) for e in graph.edges[order]]
@@ -314,7 +332,7 @@ class Greedy(_StructureSearch):
         self.save_hyperparameters({"search_iters": search_iters})
 
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        forest, weights = self._search(x, y)
+        forest, weights = self._search(*self.search_subset(x, y))
         self._warm_start(weights)
         return forest
 

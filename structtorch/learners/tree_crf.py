@@ -15,7 +15,7 @@ import torch
 
 from ..energies import LocalLinearEnergy
 from ..estimation import EDGE_SCORES, edge_scores, select_inputs
-from ..folds import row_subset
+from ..folds import rows_at_most
 from ..graph import Graph, check_int
 from ..progress import phase
 from ..structure import candidate_graph, max_spanning_tree
@@ -103,11 +103,8 @@ class TreeCRF(StructuredLearner):
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Input mapping, edge scores on the candidate graph, and their max spanning tree (bool [E]), from at most
         ``score_rows`` of the training rows."""
-        hp, graph, rows = self.hparams, self.graph, ""
-        if hp.score_rows is not None and len(x) > hp.score_rows:
-            keep = row_subset(len(x), hp.score_rows, seed=0)
-            rows = f" from {hp.score_rows} of the {len(x)} rows (model.score_rows)"
-            x, y = x[keep.to(x.device)], y[keep.to(y.device)]
+        hp, graph = self.hparams, self.graph
+        x, y, rows = rows_at_most(x, y, hp.score_rows, "model.score_rows")
         with phase(f"inputs of each label ({hp.inputs}){rows}", quiet=hp.inputs == "aligned"):
             inputs = self.input_mapping(x, y)
         self.energy.set_inputs(inputs)
