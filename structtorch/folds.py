@@ -29,7 +29,8 @@ def row_subset(n: int, size: int, seed: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:size].sort().values
 
 
-def rows_at_most(x: torch.Tensor, y: torch.Tensor, size: int | None, option: str) -> tuple[torch.Tensor, ...]:
+def rows_at_most(x: torch.Tensor, y: torch.Tensor, size: int | None, option: str
+                 ) -> tuple[torch.Tensor, torch.Tensor, str]:
     """(x, y, note): at most ``size`` of the rows of x [N, D] and y [N, n] (``row_subset``, seed 0; None: all) and
     a note for progress lines naming ``option``, the setting that chose ``size`` ("" when all rows are kept)."""
     if size is None or len(x) <= size:

@@ -27,7 +27,7 @@ import torch
 from ..energies.local import pad_subsets, pair_inputs
 from ..graph import Graph
 from ..progress import phase, tick
-from ..structure.edge_scores import label_mutual_information
+from ..structure.edge_scores import dependence_order, label_mutual_information
 from .conditionals import LAMBDA_GRID, conditional_log_probs, select_inputs, tables_fit
 
 __all__ = ["EDGE_SCORES", "PAIR_BATCH", "PAIR_BATCH_ELEMENTS", "edge_scores", "scores_from_log_probs"]
@@ -82,7 +82,7 @@ def edge_scores(x: torch.Tensor, y: torch.Tensor, method: str, inputs: list[list
     if estimator == "auto":  # one estimator for every batch of pairs, so their scores compare
         estimator = "table" if tables_fit(x, pad_subsets(pair_cols, x.shape[1])) else "logistic"
     fit["estimator"] = estimator
-    order = label_mutual_information(y, K, graph=graph).argsort(descending=True, stable=True).to(edges.device)
+    order = dependence_order(y, graph, K)
     scores = torch.full((len(edges),), float("-inf"), dtype=torch.float64, device=y.device)
     batch = max(1, min(PAIR_BATCH, PAIR_BATCH_ELEMENTS // (N * K * K)))
     with phase("P(y_i, y_j | inputs)", quiet=True):

@@ -17,7 +17,7 @@ from ..progress import out_of_time
 from ..solvers import ForestSmoothedMax, LPSmoothedMax, Oracle, SmoothedLBFGS, SmoothedMax, smoothed_oracle
 from ..state import ExampleState
 from ..structure import max_spanning_tree
-from ..structure.edge_scores import candidate_graph, chow_liu_tree, label_mutual_information
+from ..structure.edge_scores import candidate_graph, chow_liu_tree, dependence_order
 from .base import StructuredLearner
 
 log = logging.getLogger(__name__)
@@ -298,7 +298,7 @@ class MST(_StructureSearch):
         graph = self.energy.graph
         x, y = self.search_subset(x, y)
         n, none = graph.num_nodes, torch.zeros(0, 2, dtype=torch.long)
-        order = label_mutual_information(y, graph=graph).argsort(descending=True, stable=True).cpu()
+        order = dependence_order(y, graph).cpu()
         groups = [(torch.tensor([i]), none) for i in range(n)] + [(e, e[None]) for e in graph.edges[order]]
         objective, gap = train_components(self, x, y, groups)  # [n + E]: each label alone, then each pair
         gains = torch.full((graph.num_edges,), float("-inf"), dtype=torch.float64)
@@ -306,7 +306,6 @@ class MST(_StructureSearch):
         self.search_log = [{"empty": float(objective[:n].sum()), "certificate": gap,
                             "gains": [g if g > float("-inf") else None for g in gains.tolist()]}]
         return (max_spanning_tree(gains, graph) & gains.isfinite()).cpu()  # pairs not trained in the budget: no edge
-
 
 
 class Greedy(_StructureSearch):

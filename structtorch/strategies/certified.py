@@ -213,9 +213,11 @@ class BCFWStrategy(Certified):
             return self.solver.duality_gap(self._rows(every.split(self.learner.certificate_rows)))
 
     def _rows(self, chunks: tuple[torch.Tensor, ...]) -> Iterator[tuple[torch.Tensor, ...]]:
-        for k, i in enumerate(chunks):
-            tick(sum(map(len, chunks[:k])), len(self.x), "rows")
+        done = 0
+        for i in chunks:
+            tick(done, len(self.x), "rows")
             yield self.x[i], self.y[i], i
+            done += len(i)
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.name, **{k: None if v is None else v.detach().cpu()

@@ -14,8 +14,8 @@ import torch
 from ..graph import Graph, check_int
 from .spanning import max_spanning_tree
 
-__all__ = ["candidate_graph", "chow_liu_tree", "label_mutual_information", "mutual_information_matrix",
-           "top_partner_graph"]
+__all__ = ["candidate_graph", "chow_liu_tree", "dependence_order", "label_mutual_information",
+           "mutual_information_matrix", "top_partner_graph"]
 
 
 def mutual_information_matrix(y: torch.Tensor, num_states: int = 2, smoothing: float = 1.0) -> torch.Tensor:
@@ -62,6 +62,13 @@ def label_mutual_information(y: torch.Tensor, num_states: int = 2, smoothing: fl
     mi = mutual_information_matrix(y, num_states, smoothing)
     edges = graph.edges.to(mi.device)
     return mi[edges[:, 0], edges[:, 1]]
+
+
+def dependence_order(y: torch.Tensor, graph: Graph, num_states: int = 2) -> torch.Tensor:
+    """The edges of ``graph`` by decreasing mutual information of their labels (ties by edge index): LongTensor
+    [E] on the graph's device. Structure searches that a time budget may stop score pairs in this order."""
+    mi = label_mutual_information(y, num_states, graph=graph)
+    return mi.argsort(descending=True, stable=True).to(graph.edges.device)
 
 
 def chow_liu_tree(y: torch.Tensor, num_states: int = 2, smoothing: float = 1.0) -> Graph:
