@@ -172,7 +172,7 @@ def _rank_pairs(k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tenso
 
 def _product_index(K: int, k: int, I: torch.Tensor, J: torch.Tensor) -> dict[str, torch.Tensor]:
     """Flat positions of every candidate sum of the three k-best products, so that each operand is one
-    ``index_select`` of a contiguous tensor (no broadcasting over tiny inner dims, no transposed copies).
+    gather of a contiguous tensor (no broadcasting over tiny inner dims, no transposed copies).
 
     below: E[v] [K(p), K(v), k] at (x_p, x_v, I[q]) and U[v] [K(v), k] at (x_v, J[q]), laid out (x_p, x_v, q);
     path: A [K(p), K(v), k] at (x_p, x_v, I[q]) and E[c] [K(v), K(c), k] at (x_v, x_c, J[q]), laid out
@@ -189,6 +189,13 @@ def _product_index(K: int, k: int, I: torch.Tensor, J: torch.Tensor) -> dict[str
 def _gather(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """t [S, B, *rest] flattened over rest, gathered at idx [S, B, k] -> [S, B, k] (int64)."""
     return t.flatten(2).gather(-1, idx).long()
+
+
+def _select_last(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """t [..., L] at idx [Q] along its last dim: [..., Q], by a gather with the index broadcast (stride 0);
+    ``index_select`` along a last dim copies one strided slice per index (tree_kbest on 10 random trees of 983
+    labels, 26 rows, k = 32, 2 cores: 56 s with it, 21 s with this; 174 labels, 64 rows, k = 16: 14.8 s, 7.8 s)."""
+    return t.gather(-1, idx.expand(*t.shape[:-1], len(idx)))
 
 
 def _take(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -215,18 +222,18 @@ def _kbest_program(u: torch.Tensor, p: torch.Tensor, sched: _KBestSchedule, k: i
         v = step.node
         S = len(v)
         # E[v] (x) U[v]: [S, B, K(parent), K(v) P]
-        below = (E.index_select(0, v).flatten(2).index_select(-1, at["below_e"])
-                 + U.index_select(0, v).flatten(2).index_select(-1, at["below_u"])).view(S, B, K, K * P)
+        below = (_select_last(E.index_select(0, v).flatten(2), at["below_e"])
+                 + _select_last(U.index_select(0, v).flatten(2), at["below_u"])).view(S, B, K, K * P)
         if step.kind == "rake":
             lists, arg_leaf = below.topk(k, -1)  # [S, B, K(parent), k] over (x_v, pair)
-            up = U.index_select(0, step.parent).index_select(-1, I) + lists.index_select(-1, J)
+            up = _select_last(U.index_select(0, step.parent), I) + _select_last(lists, J)
             new, arg_up = up.topk(k, -1)
             U.index_copy_(0, step.parent, new)
             tape.append((arg_leaf.int(), arg_up.int()))
         else:
             a, arg_node = below.view(S, B, K, K, P).topk(k, -1)  # [S, B, K(parent), K(v), k]
-            path = (a.flatten(2).index_select(-1, at["path_a"])
-                    + E.index_select(0, step.child).flatten(2).index_select(-1, at["path_e"]))
+            path = (_select_last(a.flatten(2), at["path_a"])
+                    + _select_last(E.index_select(0, step.child).flatten(2), at["path_e"]))
             new, arg_path = path.view(S, B, K, K, K * P).topk(k, -1)  # [S, B, K(parent), K(child), k]
             E.index_copy_(0, step.child, new)
             tape.append((arg_node.int(), arg_path.int()))
