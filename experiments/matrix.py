@@ -116,7 +116,9 @@ def structtorch_cells(metrics: dict) -> dict:
     """Scores (%), training seconds and the certificate of a run's metrics.json."""
     solver = metrics.get("solver", {})
     gap, done = solver.get("relative_gap"), solver.get("converged")
-    if gap is None:  # CCCP (CRANK, Project): non-convex, no duality gap; its stopping rule
+    if solver.get("certificate"):  # none: it would not have fit the time budget
+        certificate = "NOT certified (no certificate: past the time budget)"
+    elif gap is None:  # CCCP (CRANK, Project): non-convex, no duality gap; its stopping rule
         certificate = "stationary (no gap)" if done else "NOT stationary"
     else:
         worst = max(gap) if isinstance(gap, list) else gap

@@ -355,6 +355,9 @@ def format_metrics(metrics: dict[str, Any], shown: Sequence[str] | None = None) 
 def _solver_row(solver: dict[str, Any]) -> str:
     """How training ended: the certificate (lbfgs, bcfw), the stopping rule (cccp), or a fixed number of epochs."""
     epochs = f"{solver['epochs']} epoch{'' if solver['epochs'] == 1 else 's'}"
+    if solver.get("certificate"):  # a certified solver that ended without one (it would not fit the time budget)
+        return (f"{'duality gap':<22} {'none':>8}   ({solver['solver']}, {epochs}): NOT certified "
+                f"({solver['certificate']})")
     if "relative_gap" in solver:
         done = all(solver["converged"]) if isinstance(solver["converged"], list) else solver["converged"]
         verdict = "certified" if done else f"NOT certified (raise {_cap(solver)} to reach model.tol)"

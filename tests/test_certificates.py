@@ -204,17 +204,37 @@ def test_a_run_that_steps_after_its_last_certificate_is_certified_again_at_fit_e
 
 
 def test_bcfw_keeps_the_closing_certificate_s_time_out_of_the_budget(monkeypatch):
-    """The budget keeps the closing certificate's pass (at the steps' pace) in reserve: with a reserve larger than
-    the budget no step is taken, and the run still ends certified."""
+    """The budget keeps the closing certificate's pass (at the steps' pace) in reserve where it fits: with a
+    reserve larger than the budget but within what may overrun it (half the pass), no step is taken, and the run
+    still ends certified."""
     from structtorch.progress import time_budget
     from structtorch.strategies.certified import BCFWStrategy
 
-    monkeypatch.setattr(BCFWStrategy, "certificate_seconds", lambda self: 1e6)
+    monkeypatch.setattr(BCFWStrategy, "certificate_seconds", lambda self: 1000.0)
     with time_budget(600):
         model = _rta_fit(1)
     assert model.strategy.step_rows == 0 and model.strategy.certificate is not None
     assert all(float(p.abs().max()) == 0.0 for p in model.energy.parameters())
     assert _rta_fit(2).strategy.step_rows == 60  # one batch per epoch; the pace leaves out the first step
+
+
+def test_a_certificate_that_cannot_fit_the_budget_is_not_computed_and_the_run_says_so(monkeypatch):
+    """Where the certificate's pass would run far past the budget (RTA at delicious: about 0.3 s a row, an hour
+    for its 11,628 rows), the steps use the whole budget and the run ends without a certificate: reported as
+    such in metrics.json and on the console, never as converged, and no pass is started."""
+    from structtorch.progress import time_budget
+    from structtorch.strategies.certified import BCFWStrategy
+    from structtorch.train import format_metrics
+
+    monkeypatch.setattr(BCFWStrategy, "certificate_seconds", lambda self: 1e6)
+    monkeypatch.setattr(BCFWStrategy, "certify", lambda self: pytest.fail("a certificate pass was started"))
+    with time_budget(600), pytest.warns(UserWarning, match="without a certificate: not computed"):
+        model = _rta_fit(2)
+    report = model.solver_report()
+    assert model.strategy.step_rows == 60 and report["converged"] is False and report["relative_gap"] is None
+    assert "would take about 1000000 s" in report["certificate"]
+    console = format_metrics({"model": "rta", "data": "synthetic", "solver": {**report, "epochs": 2}})
+    assert "NOT certified (not computed: its pass over the training set would take" in console
 
 
 def test_rta_certifies_in_batches_sized_by_its_searches(monkeypatch):

@@ -627,3 +627,38 @@ def test_tree_kbest_schedules_agree_on_long_chains(n):
     torch.testing.assert_close(out["compress"][0], out["rake_only"][0], **TOL)
     if n <= 12:
         torch.testing.assert_close(out["compress"][0], brute_force_kbest(pot, 6)[0], **TOL)
+
+
+# ---------------------------------------------------------------------- 6. the fused CPU kernel (backend "fused")
+@pytest.mark.parametrize("check", [test_tree_kbest_matches_brute_force, test_tree_kbest_exclude,
+                                   test_tree_kbest_ensemble_equals_each_tree, test_tree_kbest_all_impossible_row,
+                                   test_tree_kbest_exclude_single_node_and_k_equal_all,
+                                   test_ensemble_map_never_certifies_a_wrong_answer, test_ensemble_map_k_max,
+                                   test_ensemble_map_doubling_to_all_assignments_is_exact],
+                         ids=lambda f: f.__name__.removeprefix("test_"))
+def test_fused_kernel_passes_the_brute_force_checks(fused_kernels, check):
+    """The k-best kernel (``csrc/kbest_cpu.cpp``) and the candidates' scores of ``ensemble_map`` on backend
+    "fused": the same brute-force checks as the eager program, forests, ensembles, ties, -inf and exclusion."""
+    check()
+
+
+@pytest.mark.parametrize("k", [1, 7, 32])
+@pytest.mark.parametrize("shared", [False, True])
+def test_fused_kernel_gives_the_eager_scores_on_large_ensembles(fused_kernels, k, shared):
+    """At RTA's sizes (10 random spanning trees of 60 labels, 40 rows over the threads, float32 and float64) the
+    fused k best scores equal the eager program's, and each assignment has its score."""
+    from structtorch.inference import backend
+    from structtorch.inference.kbest import _own_tree_scores
+    from structtorch.structure import random_spanning_trees
+
+    g = random_spanning_trees(60, 10, torch.Generator().manual_seed(k))
+    for dtype in (torch.float32, torch.float64):
+        gen = torch.Generator().manual_seed(k)
+        unary = torch.randn(40, *(() if shared else (10,)), 60, 2, generator=gen, dtype=dtype)
+        pot = Potentials(unary, torch.randn(40, 10, 59, 2, 2, generator=gen, dtype=dtype), g)
+        scores, ys = tree_kbest(pot, k)
+        with backend("eager"):
+            ref, _ = tree_kbest(pot, k)
+        torch.testing.assert_close(scores, ref)
+        own = torch.stack([_own_tree_scores(pot, ys[:, :, r]) for r in range(k)], -1)  # [B, T, k]
+        torch.testing.assert_close(own, scores)

@@ -36,6 +36,8 @@ import torch
 
 from ..graph import Graph, Step, check_int, choose_schedule, contraction_steps, root_forest
 from ..potentials import Potentials
+from . import fused
+from .backends import fused_active
 
 __all__ = ["EnsembleSearch", "cheapest_schedule", "tree_kbest", "ensemble_map", "ensemble_search", "ensemble_union"]
 
@@ -294,20 +296,31 @@ def tree_kbest(pot: Potentials, k: int, exclude: torch.Tensor | None = None) -> 
     check_int(k, "k", 1, expected="a positive int")
     pot.graph.require_forest("tree_kbest")
     g, batch = pot.graph, pot.batch_shape
-    sched = cheapest_schedule(g, pot.batch_shape.numel(), pot.num_states, k + (exclude is not None), pot.device)
     y_hat = None if exclude is None else _exclude_rows(pot, exclude)
     kk = k if y_hat is None else k + 1
     with torch.no_grad():
-        u, p = _augment(pot, sched)
-        scores, x = _kbest_program(u, p, sched, kk)
+        if fused_active(pot.unary) and batch.numel() > 0:
+            scores, x = _fused_kbest(pot, kk)
+        else:
+            sched = cheapest_schedule(g, batch.numel(), pot.num_states, kk, pot.device)
+            scores, x = _kbest_program(*_augment(pot, sched), sched, kk)
+            x = x[: sched.num_original]
         G, n = g.num_graphs, g.num_nodes
-        x = x[: sched.num_original].view(G, n, x.shape[1], kk)
+        x = x.reshape(G, n, x.shape[1], kk)
         if y_hat is not None:
             scores, x = _drop_excluded(scores, x, y_hat)
     ys = x.permute(2, 0, 3, 1)  # [B, G, k, n]
     if g.is_ensemble:
         return scores.permute(1, 0, 2).reshape(*batch, G, k), ys.reshape(*batch, G, k, n)
     return scores.reshape(*batch, k), ys.reshape(*batch, k, n)
+
+
+def _fused_kbest(pot: Potentials, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores [G, B, k] and states [T n, B, k] of the k best by the fused CPU kernel (``csrc/kbest_cpu.cpp``)."""
+    u, p = (t.contiguous() for t in pot.slots())
+    sched = pot.graph.schedule("cpu")
+    scores, x = fused.kernels().tree_kbest(u, p, *fused.forest(sched), sched.num_groups, k)
+    return scores.permute(1, 0, 2), x.permute(1, 0, 2)
 
 
 class EnsembleSearch(NamedTuple):
@@ -442,10 +455,13 @@ def _rank_scores(union: Potentials, cand: torch.Tensor) -> torch.Tensor:
     """Scores [B, C] of candidates cand [B, C, n] under batch-[B] potentials on a single graph, as quadratic
     forms of their one-hot codes o [B, C, n K]: <o, u> + <o, W o> with W [B, n K, n K] the edge tables in
     their (i, j) blocks; -inf entries count through a second form (a candidate that hits one scores -inf).
-    Memory O(B C n K + B (n K)^2), whatever the number of edges."""
+    Memory O(B C n K + B (n K)^2), whatever the number of edges; fused (CPU): the sum of each candidate's terms.
+    """
     u, p = union.expanded()  # [B, n, K], [B, U, K, K]
-    B, n, K = u.shape
     e = union.graph.edges.to(cand.device)
+    if fused_active(u):  # the fused kernel sums each candidate's terms: O(B C (n + U))
+        return fused.kernels().score_assignments(u.contiguous(), p.contiguous(), e.contiguous(), cand.contiguous())
+    B, n, K = u.shape
     rows = (e[:, 0, None, None] * K + torch.arange(K, device=cand.device)[:, None]).expand(-1, K, K)
     cols = (e[:, 1, None, None] * K + torch.arange(K, device=cand.device)[None, :]).expand(-1, K, K)
     flat = (rows * (n * K) + cols).reshape(-1)  # [U K K] positions in W

@@ -26,6 +26,7 @@ class Certified(Strategy):
         super().__init__(learner)
         self.certificate: GapInfo | None = None
         self.stale = False  # steps were taken since ``certificate``
+        self.unfit: str | None = None  # why the run ends without a certificate (it would not fit the time budget)
 
     def check(self) -> None:
         energy = self.learner.energy
@@ -51,6 +52,9 @@ class Certified(Strategy):
         return bool(info.converged.all())
 
     def report(self) -> dict[str, Any]:
+        if self.unfit is not None:
+            return {"solver": self.name, **dict.fromkeys(("primal", "dual", "gap", "relative_gap")),
+                    "converged": False, "certificate": self.unfit, "tol": self.learner.hparams.tol}
         info = self.certificate if self.certificate is not None else self.certify()
         report = {"solver": self.name, **{k: plain(getattr(info, k)) for k in ("primal", "dual", "gap",
                                                                              "relative_gap", "converged")}}
@@ -61,12 +65,31 @@ class Certified(Strategy):
 
     def train_end(self) -> None:
         """A run stopped before its first exact certificate, or that stepped after its last one, gets one now (of
-        the weights it ends with), on the device it trained on: after fit the learner is back on the CPU while the
-        strategy's copy of the training set stays on the GPU."""
+        the weights it ends with), on the device it trained on (after fit the learner is back on the CPU while the
+        strategy's copy of the training set stays on the GPU), unless it would run far past the time budget
+        (``certificate_fits``): then the run reports no certificate, and why."""
         if self.certificate is None or self.stale:
-            self.certificate, self.stale = self.certify(), False
+            if self.certificate_fits():
+                self.certificate, self.stale = self.certify(), False
+            else:
+                self.certificate, self.unfit = None, self.unfit_reason()
+
+    def certificate_fits(self) -> bool:
+        """Whether a certificate now is expected to end by the time budget plus half its own time (always, without a
+        budget or an estimate of its time)."""
+        return not out_of_time(reserve=self.certificate_seconds() / 2)
+
+    def certificate_seconds(self) -> float:
+        """The expected time of an exact certificate (0: unknown)."""
+        return 0.0
+
+    def unfit_reason(self) -> str:
+        return (f"not computed: its pass over the training set would take about {self.certificate_seconds():.0f} s "
+                f"at this run's pace, past trainer.time_budget")
 
     def warning(self) -> str | None:
+        if self.unfit is not None:
+            return f"training stopped at {self.learner.training_cap()} without a certificate: {self.unfit}"
         info = self.certificate
         if info is None or bool(info.converged.all()):
             return None
@@ -175,8 +198,8 @@ class BCFWStrategy(Certified):
         learner = self.learner
         if len(batch) < 3:
             raise ValueError("solver=bcfw needs batches (x, y, index) with each example's index in the training set")
-        if out_of_time(reserve=self.certificate_seconds()):  # the budget is spent (less the closing certificate's
-            return  # time): the rest of the epoch passes without steps
+        if out_of_time(reserve=self.certificate_seconds() if self.certificate_fits() else 0.0):
+            return  # the budget is spent (less the closing certificate's time): the rest of the epoch passes
         start = time.monotonic()
         gathered = learner.trainer.world_size > 1  # every rank takes the same step, on the gathered batch
         x, y, index = (learner.all_gather(t).flatten(0, 1) if gathered else t for t in batch[:3])
@@ -191,7 +214,8 @@ class BCFWStrategy(Certified):
 
     def certificate_seconds(self) -> float:
         """The closing certificate's expected time (one pass of the oracle over the training set) at the pace of
-        this run's steps after its first (0 until then): the time budget keeps it in reserve."""
+        this run's steps after its first (0 until then): the time budget keeps it in reserve where it fits, else
+        the steps run to the end of the budget and the run ends without a certificate."""
         return self.step_seconds / self.step_rows * len(self.x) if self.step_rows else 0.0
 
     def epoch_end(self) -> bool:
@@ -200,7 +224,7 @@ class BCFWStrategy(Certified):
             self.train_stats = stats | {"searches": self.oracle.searches}
             self.learner.log("train/certified", stats["certified"])
             self.learner.log("train/mean_k", stats["mean_k"])
-        if not self.solver.should_certify():
+        if not (self.solver.should_certify() and self.certificate_fits()):
             self.learner.log("train/duality_gap", self.solver.gap_estimate().max().float(), prog_bar=True)
             return False
         return self.log_certificate(self.certify())

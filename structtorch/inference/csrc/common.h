@@ -17,6 +17,32 @@ using at::vec::Vectorized;
 constexpr int64_t kMaxChunk = 256;        // batch entries per chunk at most
 constexpr int64_t kChunkBytes = 1 << 20;  // the chunk's buffers should fit in about this much cache
 
+// A forest's arrays and sizes, as the Python side passes them (fused.forest): ``order`` [C] the non-root slots,
+// every node after all of its children; ``parent``, ``parent_edge``, ``flip`` [N]; ``roots`` [R] of graphs
+// ``root_group`` [R]; G graphs; unary [B, N, K] and pairwise [B, NE, K, K] of one dtype.
+struct Forest {
+  const int64_t* order;
+  const int64_t* parent;
+  const int64_t* parent_edge;
+  const bool* flip;
+  const int64_t* roots;
+  const int64_t* root_group;
+  int64_t C, R, G, N, NE, K, B;
+};
+
+inline Forest forest(const torch::Tensor& u, const torch::Tensor& p, const torch::Tensor& order,
+                     const torch::Tensor& parent, const torch::Tensor& parent_edge, const torch::Tensor& flip,
+                     const torch::Tensor& roots, const torch::Tensor& root_group, int64_t G) {
+  TORCH_CHECK(u.dim() == 3 && u.is_contiguous(), "unary must be a contiguous [B, N, K] tensor");
+  TORCH_CHECK(p.dim() == 4 && p.is_contiguous() && p.size(0) == u.size(0) && p.size(2) == u.size(2) &&
+                  p.size(3) == u.size(2) && p.scalar_type() == u.scalar_type(),
+              "pairwise must be a contiguous [B, NE, K, K] tensor of the unary's dtype");
+  TORCH_CHECK(flip.scalar_type() == torch::kBool && parent.numel() == u.size(1), "bad forest arrays");
+  return {order.data_ptr<int64_t>(), parent.data_ptr<int64_t>(), parent_edge.data_ptr<int64_t>(),
+          flip.data_ptr<bool>(), roots.data_ptr<int64_t>(), root_group.data_ptr<int64_t>(),
+          order.numel(), roots.numel(), G, u.size(1), p.size(1), u.size(2), u.size(0)};
+}
+
 template <typename T>
 constexpr int kAllZero = (1 << Vectorized<T>::size()) - 1;  // zero_mask() of a vector of zeros
 
@@ -65,5 +91,6 @@ Vectorized<T> ninf() {
 
 void register_tree(pybind11::module_& m);
 void register_lp(pybind11::module_& m);
+void register_kbest(pybind11::module_& m);
 
 }  // namespace stcpu

@@ -18,29 +18,6 @@ namespace {
 
 constexpr double kFold = 4294967296.0;  // 2^32: a sum pass's scale factor past this is folded into U
 
-struct Forest {
-  const int64_t* order;
-  const int64_t* parent;
-  const int64_t* parent_edge;
-  const bool* flip;
-  const int64_t* roots;
-  const int64_t* root_group;
-  int64_t C, R, G, N, NE, K, B;
-};
-
-Forest forest(const torch::Tensor& u, const torch::Tensor& p, const torch::Tensor& order, const torch::Tensor& parent,
-              const torch::Tensor& parent_edge, const torch::Tensor& flip, const torch::Tensor& roots,
-              const torch::Tensor& root_group, int64_t G) {
-  TORCH_CHECK(u.dim() == 3 && u.is_contiguous(), "unary must be a contiguous [B, N, K] tensor");
-  TORCH_CHECK(p.dim() == 4 && p.is_contiguous() && p.size(0) == u.size(0) && p.size(2) == u.size(2) &&
-                  p.size(3) == u.size(2) && p.scalar_type() == u.scalar_type(),
-              "pairwise must be a contiguous [B, NE, K, K] tensor of the unary's dtype");
-  TORCH_CHECK(flip.scalar_type() == torch::kBool && parent.numel() == u.size(1), "bad forest arrays");
-  return {order.data_ptr<int64_t>(), parent.data_ptr<int64_t>(), parent_edge.data_ptr<int64_t>(),
-          flip.data_ptr<bool>(), roots.data_ptr<int64_t>(), root_group.data_ptr<int64_t>(),
-          order.numel(), roots.numel(), G, u.size(1), p.size(1), u.size(2), u.size(0)};
-}
-
 // The batch-minor buffers of one chunk: entries [b0, b0 + W), padded with zeros to Wp.
 template <typename T>
 struct Chunk {
