@@ -1,7 +1,7 @@
 """K-best MAP on trees: scaling of structtorch's tree_kbest in n and k, and torch-struct side by side.
 
     python scripts/bench_kbest.py [--device cuda] [--quick] [--repeats 7] [--threads 1]
-                                  [--out scripts/results/bench_kbest.json]
+                                  [--fused] [--out scripts/results/bench_kbest.json]
 
 (a) tree_kbest on random trees (random parent attachment, random relabelling), K = 2, B = 64:
     time vs n at k = 8 and time vs k at n = 64, with the log-log slopes fitted by
@@ -13,6 +13,9 @@
     k-best scores are checked to agree (float64) before timing. Ratios are torch-struct /
     structtorch (> 1: structtorch is faster). ``steps``: the contraction steps of the schedule tree_kbest
     chose (rake+compress: O(log n); rake-only: n), printed beside the times.
+
+``--fused``: (a) and (b) with ``inference.backend("fused")`` (the fused CPU kernel, ``csrc/kbest_cpu.cpp``; the
+schedule columns then name the eager program's), written to ``bench_kbest_fused.json``.
 
 Times are the best (min) of --repeats calls (3 for calls over a second) after one warm-up call
 (schedule cache, allocator), in milliseconds, float32. JSON: ``rows`` holds (b), ``scaling`` (a).
@@ -222,6 +225,8 @@ def main() -> None:
     ap.add_argument("--topk-max-k", type=int, default=8, help="time torch-struct's topk (autograd through the "
                     "k-max semiring: seconds per call at k=32) only up to this k")
     ap.add_argument("--out", default="scripts/results/bench_kbest.json")
+    ap.add_argument("--fused", action="store_true", help="(a) and (b) with inference.backend('fused'): the fused "
+                    "CPU kernel of tree_kbest; writes bench_kbest_fused.json")
     ap.add_argument("--memory", action="store_true", help="(c) only: ensemble_map's peak memory at RTA's sizes")
     ap.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -247,15 +252,17 @@ def main() -> None:
     print(f"device={device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor()})"
           f" torch={torch.__version__} threads={torch.get_num_threads()} dtype={args.dtype} repeats={repeats}")
     t0 = time.perf_counter()
-    scaled = scaling(device, dtype, repeats, ns, ks, n_fixed=64, k_fixed=8)
-    if LinearChainCRF is None:
-        print("\n(b) skipped: torch-struct is not installed (pip install --no-deps torch-struct)")
-        rows = []
-    else:
-        rows = versus_torch_struct(device, dtype, repeats, ts_sizes, args.topk_max_k)
+    with inf.backend("fused" if args.fused else "eager"):
+        scaled = scaling(device, dtype, repeats, ns, ks, n_fixed=64, k_fixed=8)
+        if LinearChainCRF is None:
+            print("\n(b) skipped: torch-struct is not installed (pip install --no-deps torch-struct)")
+            rows = []
+        else:
+            rows = versus_torch_struct(device, dtype, repeats, ts_sizes, args.topk_max_k)
     total = time.perf_counter() - t0
-    write_results(args.out, rows, device, sections={"scaling": scaled}, dtype=args.dtype, repeats=repeats,
-                  K=K_STATES, B=BATCH, quick=args.quick, total_s=total)
+    out = args.out.replace(".json", "_fused.json") if args.fused else args.out
+    write_results(out, rows, device, sections={"scaling": scaled}, dtype=args.dtype, repeats=repeats,
+                  K=K_STATES, B=BATCH, quick=args.quick, total_s=total, backend="fused" if args.fused else "eager")
     print(f"\ntotal {total:.1f} s")
 
 if __name__ == "__main__":
