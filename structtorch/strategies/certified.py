@@ -209,8 +209,12 @@ class BCFWStrategy(Certified):
             self.step_rows += len(x)
         self.warmed_up = self.stale = True
         self.step_counter()
+        tick(batch_idx + 1, learner.trainer.num_training_batches, "batches", self._pace)
         learner.log("train/loss", info.loss.sum(), prog_bar=True, on_step=False, on_epoch=True, reduce_fx="sum",
                     batch_size=len(x))
+
+    def _pace(self) -> str:
+        return f"{self.step_rows / self.step_seconds:.0f} rows/s" if self.step_seconds > 0 else ""
 
     def certificate_seconds(self) -> float:
         """The closing certificate's expected time (one pass of the oracle over the training set) at the pace of
