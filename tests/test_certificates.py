@@ -219,7 +219,7 @@ def test_bcfw_keeps_the_closing_certificate_s_time_out_of_the_budget(monkeypatch
 
 
 def test_a_certificate_that_cannot_fit_the_budget_is_not_computed_and_the_run_says_so(monkeypatch):
-    """Where the certificate's pass would run far past the budget (RTA at delicious: about 0.3 s a row, an hour
+    """Where the certificate's pass would run far past the budget (RTA at delicious: about 0.12 s a row, 1,400 s
     for its 11,628 rows), the steps use the whole budget and the run ends without a certificate: reported as
     such in metrics.json and on the console, never as converged, and no pass is started."""
     from structtorch.progress import time_budget
