@@ -218,6 +218,21 @@ def test_bcfw_keeps_the_closing_certificate_s_time_out_of_the_budget(monkeypatch
     assert _rta_fit(2).strategy.step_rows == 60  # one batch per epoch; the pace leaves out the first step
 
 
+def test_a_reserved_certificate_is_computed_after_the_epoch_s_tail_spent_its_time(monkeypatch):
+    """The steps stop when the budget left is the certificate's time; the rest of the epoch and the validation pass
+    then spend some of it, and the certificate still runs: RTA on tmc2007 (certificate 25 s) ended without one."""
+    from structtorch.solvers import BCFW
+    from structtorch.strategies import certified
+
+    left = [600.0]  # seconds of budget left
+    monkeypatch.setattr(certified, "out_of_time", lambda distributed=False, reserve=0.0: left[0] < reserve)
+    monkeypatch.setattr(certified.BCFWStrategy, "certificate_seconds", lambda self: 1000.0)
+    monkeypatch.setattr(BCFW, "should_certify", lambda self: (left.__setitem__(0, -1.0), False)[1])
+    model = _rta_fit(1)
+    assert model.strategy.step_rows == 0 and model.strategy.unfit is None
+    assert model.strategy.certificate is not None and model.solver_report()["relative_gap"] is not None
+
+
 def test_a_certificate_that_cannot_fit_the_budget_is_not_computed_and_the_run_says_so(monkeypatch):
     """Where the certificate's pass would run far past the budget (RTA at delicious: about 0.12 s a row, 1,400 s
     for its 11,628 rows), the steps use the whole budget and the run ends without a certificate: reported as

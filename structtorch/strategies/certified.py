@@ -27,6 +27,7 @@ class Certified(Strategy):
         self.certificate: GapInfo | None = None
         self.stale = False  # steps were taken since ``certificate``
         self.unfit: str | None = None  # why the run ends without a certificate (it would not fit the time budget)
+        self.reserved = False  # the steps stopped to keep the closing certificate's time: it runs whatever is left
 
     def check(self) -> None:
         energy = self.learner.energy
@@ -76,8 +77,9 @@ class Certified(Strategy):
 
     def certificate_fits(self) -> bool:
         """Whether a certificate now is expected to end by the time budget plus half its own time (always, without a
-        budget or an estimate of its time)."""
-        return not out_of_time(reserve=self.certificate_seconds() / 2)
+        budget or an estimate of its time, and once the steps stopped to keep its time: the rest of the epoch and
+        the validation pass may have spent some of it)."""
+        return self.reserved or not out_of_time(reserve=self.certificate_seconds() / 2)
 
     def certificate_seconds(self) -> float:
         """The expected time of an exact certificate (0: unknown)."""
@@ -198,8 +200,10 @@ class BCFWStrategy(Certified):
         learner = self.learner
         if len(batch) < 3:
             raise ValueError("solver=bcfw needs batches (x, y, index) with each example's index in the training set")
-        if out_of_time(reserve=self.certificate_seconds() if self.certificate_fits() else 0.0):
-            return  # the budget is spent (less the closing certificate's time): the rest of the epoch passes
+        fits = self.certificate_fits()
+        if out_of_time(reserve=self.certificate_seconds() if fits else 0.0):
+            self.reserved = fits  # the budget is spent (less the closing certificate's time where it fits): the rest
+            return  # of the epoch passes without steps
         start = time.monotonic()
         gathered = learner.trainer.world_size > 1  # every rank takes the same step, on the gathered batch
         x, y, index = (learner.all_gather(t).flatten(0, 1) if gathered else t for t in batch[:3])
