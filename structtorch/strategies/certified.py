@@ -73,7 +73,9 @@ class Certified(Strategy):
             if self.certificate_fits():
                 self.certificate, self.stale = self.certify(), False
             else:
-                self.certificate, self.unfit = None, self.unfit_reason()
+                self.certificate = None
+                self.unfit = (f"not computed: its pass over the training set would take about "
+                              f"{self.certificate_seconds():.0f} s at this run's pace, past trainer.time_budget")
 
     def certificate_fits(self) -> bool:
         """Whether a certificate now is expected to end by the time budget plus half its own time (always, without a
@@ -84,10 +86,6 @@ class Certified(Strategy):
     def certificate_seconds(self) -> float:
         """The expected time of an exact certificate (0: unknown)."""
         return 0.0
-
-    def unfit_reason(self) -> str:
-        return (f"not computed: its pass over the training set would take about {self.certificate_seconds():.0f} s "
-                f"at this run's pace, past trainer.time_budget")
 
     def warning(self) -> str | None:
         if self.unfit is not None:
