@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The CUDA half of the checks, in one prepared run for a lent GPU (each step time-boxed, none stops the others):
 # the CUDA tests, the tree / k-best / smoothed-LP benchmarks on CUDA (JSON), every learner trained on the GPU
-# (emotions), the tree learners on delicious, torch.compile (Triton) tree passes, then the whole suite in parallel.
+# (emotions), the tree learners on the large sets side by side ($BIG_DATA, $BIG_MODELS, $BIG_BUDGET), then the whole
+# suite in parallel (until $DEADLINE). TREE=1 adds bench_tree on CUDA.
 #
-#     OUT=/tmp/cuda bash scripts/cuda_checks.sh       # results: $OUT/*.json, $OUT/cuda_checks.log
+#     OUT=/tmp/cuda bash scripts/cuda_checks.sh       # results: $OUT/*.json, $OUT/cuda_checks.log, $OUT/big.log
 #
 # A machine without hydra / liac-arff / torch-struct / the Mulan cache gets them from .devcarry/ (site/, data/).
 set -u
@@ -29,17 +30,29 @@ step() {  # step <seconds> <name> <command...>
     echo "=== $name: rc $? in $((SECONDS - t0)) s" | tee -a "$log"
 }
 
-step 30 env $PY -c "import torch, lightning, hydra, torchmetrics; print(torch.__version__, torch.version.cuda,
+step 20 env $PY -c "import torch, lightning, hydra, torchmetrics; print(torch.__version__, torch.version.cuda,
 torch.cuda.get_device_name(), lightning.__version__, hydra.__version__, torchmetrics.__version__)"
-step 90 cuda-tests $PY -m pytest -q -p no:cacheprovider -rfE tests -k "cuda or gpu"
-step 90 bench-tree $PY scripts/bench_tree.py --device cuda --out "$OUT/bench_tree_cuda.json"
-step 60 bench-smoothed $PY scripts/bench_smoothed.py --device cuda --quick --out "$OUT/bench_smoothed_cuda.json"
+step 80 cuda-tests $PY -m pytest -q -p no:cacheprovider -rfE tests -k "cuda or gpu"
+[ -n "${TREE:-}" ] && step 90 bench-tree $PY scripts/bench_tree.py --device cuda --out "$OUT/bench_tree_cuda.json"
+step 45 bench-smoothed $PY scripts/bench_smoothed.py --device cuda --quick --out "$OUT/bench_smoothed_cuda.json"
 step 40 bench-kbest $PY scripts/bench_kbest.py --device cuda --quick --out "$OUT/bench_kbest_cuda.json"
 models=independent,fixed_tree,full,crank,greedy,mst,project,rta,mam,tree_crf
-step 120 train-emotions $PY -m structtorch.train -m "model=$models" data=mulan data.name=emotions trainer=gpu \
+step 100 train-emotions $PY -m structtorch.train -m "model=$models" data=mulan data.name=emotions trainer=gpu \
     trainer.time_budget=6 logger=none hydra.sweep.dir=/tmp/cuda_runs/emotions
-step 120 train-delicious $PY -m structtorch.train -m model=independent,fixed_tree,rta data=mulan \
-    data.name=delicious trainer=gpu trainer.time_budget=25 logger=none hydra.sweep.dir=/tmp/cuda_runs/delicious
-step 60 bench-tree-compile $PY scripts/bench_tree.py --device cuda --compile --out "$OUT/bench_tree_cuda.json"
+# the large sets' learners side by side on the one GPU (their own processes), each with budget $BIG_BUDGET s
+big() {
+    local d m
+    for d in ${BIG_DATA:-delicious}; do for m in ${BIG_MODELS:-independent fixed_tree mst rta tree_crf}; do
+        mkdir -p "/tmp/cuda_runs/$d"
+        $PY -m structtorch.train model=$m data=mulan data.name=$d trainer=gpu trainer.time_budget=${BIG_BUDGET:-120} \
+            logger=none hydra.run.dir=/tmp/cuda_runs/$d/$m >"/tmp/cuda_runs/$d/$m.log" 2>&1 &
+    done; done
+    wait
+}
+export -f big
+export PY OUT
+step $(( ${BIG_BUDGET:-120} + 60 )) train-big bash -c big
+pkill -INT -f "structtorch.train model=" && sleep 5
+for f in /tmp/cuda_runs/*/*.log; do { echo "##### $f"; cat "$f"; } >>"$OUT/big.log"; done
 step 600 suite $PY -m pytest -q -p no:cacheprovider -rfE -n 12 tests
 grep -h "^=== .*rc" "$log"

@@ -27,6 +27,7 @@ def user_cli(cwd: Path, *args: str, env: dict[str, str] | None = None,
     the terminal shows (stdout and stderr interleaved)."""
     environ = dict(os.environ, OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    environ.pop("HYDRA_FULL_ERROR", None)  # a shell that set it (scripts/cuda_checks.sh) gets Hydra's whole trace
     environ.update(env or {})
     return subprocess.run([sys.executable, "-m", "structtorch.train", *args], cwd=cwd, env=environ,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
