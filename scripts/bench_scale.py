@@ -2,6 +2,7 @@
 
     python scripts/bench_scale.py [--models independent fixed_tree rta tree_crf] [--labels 16 32 ... 983]
                                   [--rows 1000 2000 5000 10000 21519] [--label-rows 2000] [--timeout 600]
+                                  [--update]
 
 Every cell is the user's command in its own process, ``python -m structtorch.train model=<m> data=mulan ...``
 with the learner's defaults and one bounded epoch: ``model.solver_iters=10`` L-BFGS iterations (or one BCFW pass)
@@ -12,12 +13,15 @@ seeded training rows (``data.max_rows``); examples axis: ``N`` seeded rows of tm
 Printed: each learner's growth exponent, the slope of log(time) against log(n) or log(N) fitted over the cells
 that finished (1: linear; memory: of the peak above a process that only imports the command). Writes
 scripts/results/bench_scale.json and bench_scale.png. Sizes that do not finish in ``--timeout`` seconds say so in
-their row, and the larger sizes of that axis are not tried.
+their row, and the larger sizes of that axis are not tried. ``--update`` reruns only the learners named and keeps
+the other learners' rows and exponents of the existing JSON (rows measured now have a date; the meta record's
+``kept_rows_measured_on`` is the earlier run's).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import subprocess
@@ -59,6 +63,13 @@ def run_cell(model: str, axis: str, size: int, label_rows: int, timeout: float, 
         return row | {"peak_mb": round(peak), "note": f"exit code {code}: {failure_line(run_dir)}"}
     metrics = json.loads((run_dir / "metrics.json").read_text())
     return row | {"train_s": round(metrics["train_seconds"], 2), "wall_s": round(wall, 1), "peak_mb": round(peak)}
+
+
+def kept(previous: dict, rerun: list[str]) -> tuple[list[dict], dict]:
+    """The rows and exponents of a previous run's JSON, less those of the learners in ``rerun``."""
+    rows = [r for r in previous["rows"] if r["model"] not in rerun]
+    exponents = {k: v for k, v in previous.get("exponents", {}).items() if k.split()[0] not in rerun}
+    return rows, exponents
 
 
 def baseline_mb(work: Path) -> float:
@@ -107,15 +118,19 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per cell")
     ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "structtorch_bench_scale"))
     ap.add_argument("--out", default=str(RESULTS / "bench_scale.json"))
+    ap.add_argument("--update", action="store_true", help="keep the other learners' results of --out")
     args = ap.parse_args()
-    work, rows, exponents = Path(args.work), [], {}
+    work, rows, exponents, previous = Path(args.work), [], {}, None
+    if args.update and Path(args.out).exists():
+        previous = json.loads(Path(args.out).read_text())
+        rows, exponents = kept(previous, args.models)
     work.mkdir(parents=True, exist_ok=True)
-    base = baseline_mb(work)
+    base, today = baseline_mb(work), datetime.date.today().isoformat()
     for model in args.models:
         for axis, sizes in (("labels", args.labels), ("rows", args.rows)):
             cells = []
             for size in sizes:
-                cells.append(run_cell(model, axis, size, args.label_rows, args.timeout, work))
+                cells.append(run_cell(model, axis, size, args.label_rows, args.timeout, work) | {"date": today})
                 print(json.dumps(cells[-1]), flush=True)
                 if "note" in cells[-1]:  # larger sizes will not finish either
                     break
@@ -129,7 +144,8 @@ def main() -> None:
         fmt = [f"{v:.2f}" if v is not None else "-" for v in (e["train_s"], e["peak_mb"])]
         print(f"{model:<14}{axis:<8}{fmt[0]:>15}{fmt[1]:>17}")
     write_results(args.out, rows, torch.device("cpu"), sections={"exponents": exponents},
-                  label_rows=args.label_rows, timeout=args.timeout, baseline_mb=round(base))
+                  label_rows=args.label_rows, timeout=args.timeout, baseline_mb=round(base),
+                  **({"kept_rows_measured_on": previous["meta"]} if previous else {}))
     plot(rows, Path(args.out).with_suffix(".png"))
 
 

@@ -1,6 +1,7 @@
 """Fused CPU kernels (``backend("fused")``) of the tree passes (``csrc/tree_cpu.cpp``), of the K-best lists of
-RTA's ensembles (``csrc/kbest_cpu.cpp``: ``tree_kbest`` and ``ensemble_map``'s candidate scores) and of the
-smoothed-LP sweeps (``csrc/lp_cpu.cpp``), built on first use.
+RTA's ensembles (``csrc/kbest_cpu.cpp``: ``tree_kbest`` and ``ensemble_map``'s candidate scores), of the
+smoothed-LP sweeps (``csrc/lp_cpu.cpp``) and of the per-label linear SVMs' dual coordinate descent
+(``csrc/dcd_cpu.cpp``, ``structtorch.solvers.DualCD``), built on first use.
 
 Each tree pass (MAP, log Z, marginals, max-marginals) is one C++ loop nest over the nodes in leaves-first
 order that reads the potentials once; ``smoothed_lp`` runs its star-update sweeps, each problem's stopping
@@ -31,7 +32,7 @@ __all__ = ["build_directory", "built", "forest", "kernels"]
 
 _BUILT: dict[str, ModuleType | RuntimeError | None] = {"module": None, "error": None}
 _SOURCES = [Path(__file__).parent / "csrc" / name
-            for name in ("tree_cpu.cpp", "kbest_cpu.cpp", "lp_cpu.cpp", "module.cpp")]
+            for name in ("tree_cpu.cpp", "kbest_cpu.cpp", "lp_cpu.cpp", "dcd_cpu.cpp", "module.cpp")]
 
 
 def _name() -> str:

@@ -65,18 +65,20 @@ class StructuredLearner(L.LightningModule):
             "subset_acc" or "example_f1".
         solver: how the objective is minimised (``SOLVERS``). "lbfgs": full-batch L-BFGS on the
             entropy-smoothed hinge (``SmoothedLBFGS``) or on the CRF likelihood, "bcfw": block-coordinate
-            Frank-Wolfe in the SSVM dual (``BCFW``); both are certified: they log ``train/duality_gap``
-            (relative) every epoch and stop the Trainer once it is <= ``tol`` (``max_epochs`` is then
-            only a cap), and they regularise biases too, with weight ``bias_reg`` * l2. "adam",
-            "adamw", "sgd": minibatch gradient steps for ``max_epochs`` (non-convex energies), biases
-            unregularised. "auto": lbfgs for an energy linear in its parameters (``Energy.is_linear``)
+            Frank-Wolfe in the SSVM dual (``BCFW``), "dcd": dual coordinate descent on one linear SVM per
+            label (``DualCD``, liblinear's solver; Independent only, on the CPU's fused kernel); all are
+            certified: they log ``train/duality_gap`` (relative) every epoch and stop the Trainer once it is
+            <= ``tol`` (``max_epochs`` is then only a cap), and they regularise biases too, with weight
+            ``bias_reg`` * l2. "adam", "adamw", "sgd": minibatch gradient steps for ``max_epochs`` (non-convex
+            energies), biases unregularised. "auto": lbfgs for an energy linear in its parameters (``Energy.is_linear``)
             with a smoothed max for the training inference (trees; Full), else adam.
         lr, lr_schedule ("cosine" or "none"): the gradient optimizers' step size.
         tol: relative duality gap at which a certified solver stops.
         bias_reg: rho, the certified solvers' bias regulariser relative to l2; "auto" (default): 1e-4 with
-            lbfgs (an almost free bias) and 1 with bcfw (liblinear's convention: BCFW's dual steps stall along a
-            nearly free bias, e.g. a relative gap of 0.77 after 60 epochs on emotions at 1e-4).
-        solver_iters: L-BFGS iterations per epoch at most (solver="lbfgs"; certified every 20).
+            lbfgs (an almost free bias) and 1 with bcfw and dcd (liblinear's convention: BCFW's dual steps stall
+            along a nearly free bias, e.g. a relative gap of 0.77 after 60 epochs on emotions at 1e-4).
+        solver_iters: L-BFGS iterations (solver="lbfgs"; certified every 20) or DCD epochs (solver="dcd";
+            certified every 5) per training epoch at most.
         margin: "hamming" (M3N: the hinge's margin is the Hamming distance) or "zero_one" (margin against the
             worst violator, the best assignment other than the label: ``worst_violator``; RTA's Def. 6).
         margin_scale: weight of the margin term in the hinge.
@@ -276,9 +278,9 @@ class StructuredLearner(L.LightningModule):
 
     @property
     def bias_reg(self) -> float:
-        """rho, the bias regulariser relative to l2 (model.bias_reg=auto: 1 for bcfw, else 1e-4)."""
+        """rho, the bias regulariser relative to l2 (model.bias_reg=auto: 1 for bcfw and dcd, else 1e-4)."""
         rho = self.hparams.bias_reg
-        return (1.0 if self.solver_name == "bcfw" else 1e-4) if rho == "auto" else float(rho)
+        return (1.0 if self.solver_name in ("bcfw", "dcd") else 1e-4) if rho == "auto" else float(rho)
 
     def build_strategy(self) -> Strategy:
         """The training strategy (``structtorch.strategies``) of ``solver_name``; learners with an algorithm of

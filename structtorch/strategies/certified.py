@@ -1,5 +1,6 @@
-"""The certified strategies of linear energies: full-batch L-BFGS on the smoothed loss (``SmoothedLBFGS``) and
-block-coordinate Frank-Wolfe in the dual (``BCFW``). Both log ``train/duality_gap`` (relative, the worst
+"""The certified strategies of linear energies: full-batch L-BFGS on the smoothed loss (``SmoothedLBFGS``),
+block-coordinate Frank-Wolfe in the dual (``BCFW``) and, for one linear SVM per label (Independent), dual coordinate
+descent (``DualCD``). All log ``train/duality_gap`` (relative, the worst
 model's) after their certificates and stop the run once every model's gap is <= ``model.tol``;
 ``max_epochs`` is a cap. A regularisation grid (``model.l2=[...]``) is their batch of models."""
 
@@ -12,10 +13,10 @@ from typing import Any
 import torch
 
 from ..progress import out_of_time, phase, tick
-from ..solvers import BCFW, GapInfo, SmoothedLBFGS
+from ..solvers import BCFW, DualCD, GapInfo, SmoothedLBFGS
 from .base import Strategy
 
-__all__ = ["BCFWStrategy", "Certified", "LBFGSStrategy"]
+__all__ = ["BCFWStrategy", "Certified", "DCDStrategy", "LBFGSStrategy"]
 
 
 class Certified(Strategy):
@@ -153,6 +154,50 @@ class LBFGSStrategy(Certified):
 
     def report(self) -> dict[str, Any]:
         return super().report() | {"iterations": self.solver.iterations, "eps": plain(self.solver.eps)}
+
+
+class DCDStrategy(Certified):
+    """Dual coordinate descent (``DualCD``, liblinear's solver) for an energy without pairwise terms (Independent):
+    up to ``solver_iters`` epochs over the training set per training epoch, certified every 5, on the CPU (the fused
+    kernel) whatever the learner's device, from alpha = 0 (a resumed run restores alpha)."""
+
+    name = "dcd"
+
+    def check(self) -> None:
+        super().check()
+        learner, hp = self.learner, self.learner.hparams
+        if hp.loss != "hinge" or hp.margin != "hamming" or hp.margin_scale != 1.0 or not DualCD.supports(
+                learner.energy):
+            raise ValueError(f"solver=dcd solves one linear SVM per label: an energy without pairwise terms "
+                             f"(Independent) and loss=hinge, margin=hamming, margin_scale=1; "
+                             f"{type(learner).__name__} with loss={hp.loss}, margin={hp.margin}, margin_scale="
+                             f"{hp.margin_scale} on {learner.graph} needs solver=lbfgs or bcfw")
+
+    def setup(self, x: torch.Tensor, y: torch.Tensor, state: dict[str, Any] | None = None) -> None:
+        learner = self.learner
+        x, y = self.training_tensors(x, y)
+        lam, mask = learner.grid_models(len(x))
+        self.solver = DualCD(learner.energy, x, y, lam, bias_reg=learner.bias_reg, tol=learner.hparams.tol,
+                             mask=None if mask is None else mask.cpu())
+        if state is not None:
+            self.solver.load_state_dict(state)
+
+    def training_step(self, batch: tuple, batch_idx: int) -> None:
+        if batch_idx == 0:  # the whole training set: up to solver_iters epochs per training epoch
+            self.solver.fit(max_epochs=self.solver.epochs + self.learner.hparams.solver_iters)
+            self.step_counter()
+
+    def epoch_end(self) -> bool:
+        return self.log_certificate(self.certify())
+
+    def certify(self) -> GapInfo:
+        return self.solver.last if self.solver.last is not None else self.solver.certify()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.name, **self.solver.state_dict()}
+
+    def report(self) -> dict[str, Any]:
+        return super().report() | {"passes": self.solver.epochs}  # DCD epochs ("epochs": the training epochs)
 
 
 class BCFWStrategy(Certified):

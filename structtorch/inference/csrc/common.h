@@ -92,5 +92,6 @@ Vectorized<T> ninf() {
 void register_tree(pybind11::module_& m);
 void register_lp(pybind11::module_& m);
 void register_kbest(pybind11::module_& m);
+void register_dcd(pybind11::module_& m);
 
 }  // namespace stcpu

@@ -1,0 +1,113 @@
+// Dual coordinate descent for L1-loss linear SVMs (Hsieh, Chang, Lin, Keerthi, Sathiyamoorthi, ICML 2008:
+// liblinear's solver), one SVM per label, all labels sharing the inputs (structtorch.solvers.dcd).
+//
+// Label l's dual: max_a sum_i a_i - 1/2 |w(a)|^2, 0 <= a_i <= C, w(a) = sum_i a_i s_il x_i (s = +-1). One epoch
+// visits the rows in a given order; at row i every label takes its exact coordinate step
+// a_i <- clip(a_i - (s_il w_l.x_i - 1) / |x_i|^2, 0, C) and w_l follows. Labels are independent problems:
+// they are split over torch's threads in blocks of kLanes, whose weights are held transposed ([D][kLanes])
+// so that each row's dot products and updates are SIMD loops over the block's labels, x_i read once a block
+// (the dot products in independent accumulators: a chain of dependent FMAs would wait on each other's latency).
+#include "common.h"
+
+namespace stcpu {
+
+namespace {
+
+using Vec = Vectorized<double>;
+constexpr int64_t kVecs = 4;                     // SIMD vectors of labels per block
+constexpr int64_t kLanes = kVecs * Vec::size();  // labels per block
+
+// g[kLanes] = wt^T x_i: two rows of wt at a time into independent accumulators (8 FMA chains in flight).
+void dots(const double* wt, const double* xi, int64_t D, double* g) {
+  Vec acc[2][kVecs];
+  for (auto& half : acc)
+    for (auto& a : half) a = Vec(0.0);
+  int64_t d = 0;
+  for (; d + 1 < D; d += 2)
+    for (int64_t h = 0; h < 2; ++h) {
+      const Vec xd(xi[d + h]);
+      const double* row = wt + (d + h) * kLanes;
+      for (int64_t v = 0; v < kVecs; ++v) acc[h][v] = at::vec::fmadd(Vec::loadu(row + v * Vec::size()), xd, acc[h][v]);
+    }
+  if (d < D) {
+    const Vec xd(xi[d]);
+    for (int64_t v = 0; v < kVecs; ++v)
+      acc[0][v] = at::vec::fmadd(Vec::loadu(wt + d * kLanes + v * Vec::size()), xd, acc[0][v]);
+  }
+  for (int64_t v = 0; v < kVecs; ++v) (acc[0][v] + acc[1][v]).store(g + v * Vec::size());
+}
+
+// wt += x_i coef^T.
+void update(double* wt, const double* xi, int64_t D, const double* coef) {
+  Vec c[kVecs];
+  for (int64_t v = 0; v < kVecs; ++v) c[v] = Vec::loadu(coef + v * Vec::size());
+  for (int64_t d = 0; d < D; ++d) {
+    const Vec xd(xi[d]);
+    double* row = wt + d * kLanes;
+    for (int64_t v = 0; v < kVecs; ++v)
+      at::vec::fmadd(c[v], xd, Vec::loadu(row + v * Vec::size())).store(row + v * Vec::size());
+  }
+}
+
+void dcd_block(const double* x, const double* q, const double* sign, const int64_t* order, double* alpha,
+               double* w, int64_t N, int64_t D, int64_t L, int64_t R, int64_t epochs, double C, int64_t l0,
+               int64_t lanes) {
+  std::vector<double> wt(D * kLanes, 0.0);  // [D][kLanes]
+  for (int64_t l = 0; l < lanes; ++l)
+    for (int64_t d = 0; d < D; ++d) wt[d * kLanes + l] = w[(l0 + l) * D + d];
+  double g[kLanes], coef[kLanes];
+  for (int64_t e = 0; e < epochs; ++e) {
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t i = order[e * R + r];
+      if (q[i] <= 0.0) continue;  // an all-zero row: no step changes w
+      const double* xi = x + i * D;
+      dots(wt.data(), xi, D, g);
+      bool moved = false;
+      for (int64_t l = 0; l < kLanes; ++l) {
+        coef[l] = 0.0;
+        if (l >= lanes) continue;
+        const double s = sign[i * L + l0 + l];
+        double& a = alpha[(l0 + l) * N + i];
+        const double next = std::min(std::max(a - (s * g[l] - 1.0) / q[i], 0.0), C);
+        coef[l] = (next - a) * s;
+        moved |= next != a;
+        a = next;
+      }
+      if (moved) update(wt.data(), xi, D, coef);
+    }
+  }
+  for (int64_t l = 0; l < lanes; ++l)
+    for (int64_t d = 0; d < D; ++d) w[(l0 + l) * D + d] = wt[d * kLanes + l];
+}
+
+}  // namespace
+
+// x [N, D], sign [N, L] (+-1), order [E, R] (rows to visit, epoch by epoch), alpha [L, N] and w [L, D] updated in
+// place; all float64 (order int64), contiguous, on the CPU.
+void svm_dcd(const torch::Tensor& x, const torch::Tensor& sign, const torch::Tensor& order, torch::Tensor alpha,
+             torch::Tensor w, double C) {
+  TORCH_CHECK(x.dim() == 2 && sign.dim() == 2 && order.dim() == 2 && alpha.dim() == 2 && w.dim() == 2,
+              "svm_dcd: x [N, D], sign [N, L], order [E, R], alpha [L, N], w [L, D]");
+  const int64_t N = x.size(0), D = x.size(1), L = sign.size(1), E = order.size(0), R = order.size(1);
+  TORCH_CHECK(sign.size(0) == N && alpha.size(0) == L && alpha.size(1) == N && w.size(0) == L && w.size(1) == D,
+              "svm_dcd: shapes do not match");
+  const std::vector<const torch::Tensor*> dense = {&x, &sign, &alpha, &w};
+  for (const torch::Tensor* t : dense)
+    TORCH_CHECK(t->scalar_type() == torch::kDouble && t->is_contiguous() && t->device().is_cpu(),
+                "svm_dcd: x, sign, alpha and w must be contiguous float64 CPU tensors");
+  TORCH_CHECK(order.scalar_type() == torch::kLong && order.is_contiguous(), "svm_dcd: order must be int64");
+  const torch::Tensor q = x.pow(2).sum(1).contiguous();
+  const int64_t blocks = (L + kLanes - 1) / kLanes;
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      dcd_block(x.data_ptr<double>(), q.data_ptr<double>(), sign.data_ptr<double>(), order.data_ptr<int64_t>(),
+                alpha.data_ptr<double>(), w.data_ptr<double>(), N, D, L, R, E, C, b * kLanes,
+                std::min(kLanes, L - b * kLanes));
+  });
+}
+
+void register_dcd(pybind11::module_& m) {
+  m.def("svm_dcd", &svm_dcd, "epochs of dual coordinate descent on one L1-loss SVM per label (in place)");
+}
+
+}  // namespace stcpu

@@ -1,0 +1,164 @@
+"""solver=dcd (``DualCD``): liblinear's dual coordinate descent on one linear SVM per label (Independent), on the
+fused CPU kernel ``svm_dcd``: the kernel against a plain-Python epoch, the certified optimum against BCFW's and
+liblinear's, the folds of a grid against separate runs, the learner's default, and bad input."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from structtorch.energies import FinleyJoachimsEnergy
+from structtorch.graph import Graph
+from structtorch.learners import FixedTree, Independent
+from structtorch.solvers import BCFW, DualCD
+
+fused = pytest.importorskip("structtorch.inference.fused")
+try:
+    fused.kernels()
+except RuntimeError as err:  # no C++ compiler here
+    pytest.skip(f"the fused CPU kernels do not build here: {err}", allow_module_level=True)
+
+
+def problem(N: int, D: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, D, generator=g, dtype=torch.float64)
+    y = (x @ torch.randn(D, n, generator=g, dtype=torch.float64) + 0.5 * torch.randn(N, n, generator=g,
+                                                                                    dtype=torch.float64) > 0.3)
+    return x, y.long()
+
+
+def python_epochs(x, sign, order, alpha, w, C):
+    """The coordinate steps of ``svm_dcd``, one (row, label) at a time in plain Python."""
+    q = (x * x).sum(1)
+    for epoch in order:
+        for i in epoch.tolist():
+            for label in range(sign.shape[1]):
+                s = float(sign[i, label])
+                a = float(alpha[label, i])
+                nxt = min(max(a - (s * float(w[label] @ x[i]) - 1.0) / float(q[i]), 0.0), C)
+                alpha[label, i] = nxt
+                w[label] += (nxt - a) * s * x[i]
+
+
+@pytest.mark.parametrize("n,D", [(3, 4), (19, 7), (40, 1)])  # one partial block; several with a remainder; D = 1
+def test_kernel_equals_plain_python_coordinate_steps(n, D):
+    x, y = problem(23, D, n, seed=n)
+    sign = (2.0 * y - 1.0).double().contiguous()
+    order = torch.stack([torch.randperm(23, generator=torch.Generator().manual_seed(e)) for e in range(3)])
+    alpha, w = torch.zeros(n, 23, dtype=torch.float64), torch.zeros(n, D, dtype=torch.float64)
+    fused.kernels().svm_dcd(x.contiguous(), sign, order, alpha, w, 0.7)
+    ref_alpha, ref_w = torch.zeros_like(alpha), torch.zeros_like(w)
+    python_epochs(x, sign, order, ref_alpha, ref_w, 0.7)
+    torch.testing.assert_close(alpha, ref_alpha, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(w, ref_w, rtol=1e-10, atol=1e-12)
+    assert float(alpha.min()) >= 0.0 and float(alpha.max()) <= 0.7
+
+
+@settings(max_examples=15, deadline=None)
+@given(N=st.integers(2, 14), D=st.integers(1, 4), n=st.integers(1, 3), lam=st.floats(0.05, 3.0),
+       rho=st.sampled_from([1.0, 0.1]), seed=st.integers(0, 10_000))
+def test_certified_optimum_equals_bcfw_s_and_the_gap_is_never_negative(N, D, n, lam, rho, seed):
+    """Both solvers certify the same objective (biases regularised with weight rho) to 1e-7: their primal values
+    agree; every certificate on the way has P >= D (``certificate`` raises otherwise). (At lambda N near 0.1, C = 10,
+    coordinate descent needs many thousands of epochs for 1e-7, as liblinear does at large C.)"""
+    x, y = problem(N, D, n, seed)
+    energy = FinleyJoachimsEnergy(D, n).double()
+    dcd = DualCD(energy, x, y, lam, bias_reg=rho, tol=1e-7)
+    gaps = []
+    for _ in range(1000):
+        info = dcd.certify()
+        gaps.append(float(info.gap))
+        if bool(info.converged.all()):
+            break
+        dcd.run(5)
+    assert bool(info.converged.all()) and min(gaps) >= -1e-9
+    reference = FinleyJoachimsEnergy(D, n).double()
+    bcfw = BCFW(reference, N, lam, bias_reg=rho, tol=1e-7)
+    for _ in range(3000):
+        bcfw.step(x, y, torch.arange(N))
+        if bool(bcfw.duality_gap([(x, y, torch.arange(N))]).converged.all()):
+            break
+    best = bcfw.duality_gap([(x, y, torch.arange(N))])
+    assert float(info.primal) == pytest.approx(float(best.primal), rel=3e-6, abs=1e-9)
+    # the energy holds the certified weights
+    with torch.no_grad():
+        margins = (2.0 * y - 1.0) * (x @ energy.unary.weight.T + energy.unary.bias)
+        primal = lam / 2 * (energy.unary.weight.pow(2).sum() + rho * energy.unary.bias.pow(2).sum()) \
+            + (1 - margins).clamp_min(0).sum() / N
+    assert float(primal) == pytest.approx(float(info.primal), rel=1e-12)
+
+
+def test_objective_is_liblinears_within_half_a_percent():
+    """C = 1 / (lambda N), the bias as an input of 1 (rho = 1): sklearn's LinearSVC(loss="hinge") per label."""
+    svm = pytest.importorskip("sklearn.svm")
+    x, y = problem(120, 6, 4, seed=3)
+    lam = 100.0 / 120
+    info = DualCD(FinleyJoachimsEnergy(6, 4).double(), x, y, lam, tol=1e-3).fit()
+    ours, theirs = float(info.primal), 0.0
+    for label in range(4):
+        c = svm.LinearSVC(loss="hinge", C=1 / (lam * 120), intercept_scaling=1, tol=1e-6, max_iter=100_000)
+        c.fit(x.numpy(), y[:, label].numpy())
+        w, b = torch.from_numpy(c.coef_[0]), float(c.intercept_[0])
+        t = 2.0 * y[:, label].double() - 1.0
+        theirs += lam / 2 * (float(w @ w) + b * b) + float((1 - t * (x @ w + b)).clamp_min(0).sum()) / 120
+    assert bool(info.converged.all()) and ours <= theirs * 1.005 and ours >= float(info.dual) - 1e-12
+
+
+def test_folds_of_a_grid_equal_separate_runs():
+    x, y = problem(30, 3, 2, seed=5)
+    mask = torch.stack([torch.arange(30) % 3 != 0, torch.ones(30, dtype=torch.bool)])
+    lam = torch.tensor([0.5, 0.2], dtype=torch.float64)
+    batched = DualCD(FinleyJoachimsEnergy(3, 2, num_models=2).double(), x, y, lam, tol=1e-9, mask=mask)
+    info = batched.fit(max_epochs=2000)
+    for m in range(2):
+        rows = mask[m]
+        alone = DualCD(FinleyJoachimsEnergy(3, 2).double(), x[rows], y[rows], float(lam[m]), tol=1e-9).fit(2000)
+        assert float(info.primal[m]) == pytest.approx(float(alone.primal), rel=1e-7)
+
+
+def test_state_restores_the_certificate():
+    x, y = problem(25, 3, 2, seed=7)
+    first = DualCD(FinleyJoachimsEnergy(3, 2).double(), x, y, 0.3)
+    first.run(4)
+    before = first.certify()
+    again = DualCD(FinleyJoachimsEnergy(3, 2).double(), x, y, 0.3)
+    again.load_state_dict(first.state_dict())
+    assert again.epochs == 4 and float(again.last.primal) == float(before.primal)
+    with pytest.raises(ValueError, match="does not match"):
+        DualCD(FinleyJoachimsEnergy(3, 3).double(), x, torch.cat([y, y[:, :1]], 1), 0.3).load_state_dict(
+            first.state_dict())
+
+
+def test_independent_with_solver_dcd_trains_to_its_certificate_in_one_epoch():
+    from structtorch.data.datamodule import SyntheticDataModule
+
+    dm = SyntheticDataModule(num_train=300, num_test=200, num_labels=5, val_fraction=0.0, seed=1)
+    model = Independent(dm.num_features, dm.num_labels, solver="dcd")
+    trainer = L.Trainer(max_epochs=20, accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_checkpointing=False, enable_model_summary=False)
+    trainer.fit(model, datamodule=dm)
+    report = model.solver_report()
+    assert model.solver_name == "dcd" and model.bias_reg == 1.0
+    assert report["solver"] == "dcd" and report["converged"] and trainer.current_epoch == 1  # one epoch
+    acc = trainer.test(model, datamodule=dm, verbose=False)[0]["test/hamming_acc"]
+    assert acc > 0.8  # a model that learned nothing predicts the majority state: about 0.6 here
+
+
+def test_bad_input_gets_a_clear_error():
+    x, y = problem(10, 3, 3, seed=0)
+    chain = FinleyJoachimsEnergy(3, 3, graph=Graph.chain(3)).double()
+    with pytest.raises(ValueError, match="without edges"):
+        DualCD(chain, x, y, 0.1)
+    with pytest.raises(ValueError, match="bias_reg must be > 0"):
+        DualCD(FinleyJoachimsEnergy(3, 3).double(), x, y, 0.1, bias_reg=0.0)
+    with pytest.raises(ValueError, match="same rows"):
+        DualCD(FinleyJoachimsEnergy(3, 3).double(), x, y[:5], 0.1)
+    with pytest.raises(ValueError, match="lam must be finite and > 0"):
+        DualCD(FinleyJoachimsEnergy(3, 3).double(), x, y, 0.0)
+    tree = FixedTree(3, 3, tree="chain", solver="dcd")
+    tree.resolve_l2(10)
+    with pytest.raises(ValueError, match="solver=dcd solves one linear SVM per label"):
+        tree.strategy.check()
