@@ -19,6 +19,7 @@ energy's device; the weights are written into the energy after every certificate
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -29,6 +30,8 @@ from .bcfw import check_lam, check_mask
 from .certificate import GapInfo, certificate
 
 __all__ = ["DualCD"]
+
+log = logging.getLogger(__name__)
 
 
 class DualCD:
@@ -56,9 +59,7 @@ class DualCD:
                              f"{tuple(x.shape)} and {tuple(y.shape)}")
         if not bias_reg > 0:
             raise ValueError(f"bias_reg must be > 0, got {bias_reg}")
-        from ..inference import fused
-
-        self.kernel = fused.kernels().svm_dcd  # RuntimeError naming the missing compiler where it cannot build
+        self.kernel = _kernel()
         cpu = torch.device("cpu")
         self.energy, self.tol = energy, float(tol)
         self.num_models = energy.num_models
@@ -103,7 +104,7 @@ class DualCD:
     def certify(self) -> GapInfo:
         """The duality gap [M] of the weights w~(alpha), recomputed from alpha (no drift of the kernel's running
         sums); writes them into the energy. Sets ``self.last``."""
-        self.w = torch.einsum("mln,nd->mld", self.alpha * self.sign.T, self.x)
+        self.w = torch.einsum("mln,nd->mld", self.alpha * self.sign.T, self.x).contiguous()  # the kernel's layout
         margins = torch.einsum("nd,mld->mnl", self.x, self.w) * self.sign  # [M, N, n]
         hinge = ((1.0 - margins).clamp_min(0.0).sum(2) * self.mask).sum(1)
         half_sq = 0.5 * self.w.pow(2).sum((1, 2))
@@ -151,3 +152,14 @@ class DualCD:
         self.alpha = state["alpha"].to(torch.float64).contiguous().clone()
         self.epochs = int(state["epochs"])
         self.certify()
+
+
+def _kernel():
+    """The fused ``svm_dcd``, built on first use (saying so); RuntimeError naming the missing compiler where it cannot
+    be built."""
+    from ..inference import fused
+
+    if not fused.built():
+        log.info("building the fused CPU kernels for solver=dcd (first use: a few minutes, then cached in %s)",
+                 fused.build_directory())
+    return fused.kernels().svm_dcd
