@@ -78,8 +78,7 @@ class DualCD:
         self.w = torch.zeros(M, n, self.x.shape[1], dtype=torch.float64)  # w~(alpha) [M, n, D + 1]
         self.seed = seed
         self.epochs = 0
-        self.until: int | None = None  # the epoch cap of the running ``fit`` (progress lines)
-        self.last: GapInfo | None = None
+        self.last: GapInfo | None = None  # the certificate of the current alpha (None once epochs ran after it)
 
     @staticmethod
     def supports(energy: object) -> bool:
@@ -96,6 +95,7 @@ class DualCD:
             C = 1.0 / float(self.lam[m] * self.count[m])
             self.kernel(self.x, self.sign, order.contiguous(), self.alpha[m], self.w[m], C)
         self.epochs += epochs
+        self.last = None
 
     def _permutation(self, size: int, epoch: int) -> torch.Tensor:
         """Epoch ``epoch``'s row order: a function of (seed, epoch) alone, so a resumed run repeats the same steps."""
@@ -117,11 +117,11 @@ class DualCD:
     def fit(self, max_epochs: int = 1000, check_every: int = 5) -> GapInfo:
         """Epochs until every model is certified (relative gap <= tol), ``max_epochs`` in all, or the run's time
         budget is spent (``progress.time_budget``); certified every ``check_every`` epochs."""
-        info, self.until = self.certify(), max_epochs
+        info = self.last if self.last is not None else self.certify()  # the last fit's closing one, if still current
         while not bool(info.converged.all()) and self.epochs < max_epochs and not out_of_time():
             self.run(min(check_every, max_epochs - self.epochs), ~info.converged.cpu())
             info = self.certify()
-            if not tick(self.epochs, self.until, "DCD epochs", self._gap_note):
+            if not tick(self.epochs, max_epochs, "DCD epochs", self._gap_note):
                 break
         return info
 
@@ -145,7 +145,7 @@ class DualCD:
         return {"alpha": self.alpha.clone(), "epochs": self.epochs}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore ``state_dict()``; the weights follow at the next ``certify``."""
+        """Restore ``state_dict()``, then the weights (into the energy) and their certificate."""
         if tuple(state["alpha"].shape) != tuple(self.alpha.shape):
             raise ValueError(f"DualCD state: alpha {tuple(state['alpha'].shape)} does not match this problem's "
                              f"{tuple(self.alpha.shape)}")
