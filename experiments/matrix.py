@@ -7,7 +7,8 @@ Each structtorch cell is one run of the command a user types, ``python -m struct
 data=<d>``, with nothing else set (standard train/test files, the learner's defaults), in its own process: test
 Hamming / subset (0/1) / example-F1 accuracy (%), training seconds, the process's peak memory and the solver's
 final relative duality gap ("certified" when it met model.tol, "NOT certified" when max_epochs stopped it first;
-CRANK and Project, non-convex, have no gap: "stationary" when CCCP met its stopping rule). Each peer
+CRANK and Project, non-convex, have no gap: "stationary" when CCCP met its stopping rule; after a search on a row
+subset, also the gap of their forest retrained on every row). Each peer
 (``peers.py``) chooses C by 3-fold CV on the training file and is timed over the CV and the final fit. A cell
 that fails or runs past ``--timeout`` seconds (``--timeout-large`` above 160 labels) says so instead of
 numbers. Datasets default to those in the data cache (``$STRUCTTORCH_DATA/mulan``). Writes <out>.csv and
@@ -120,6 +121,10 @@ def structtorch_cells(metrics: dict) -> dict:
         certificate = "NOT certified (no certificate: past the time budget)"
     elif gap is None:  # CCCP (CRANK, Project): non-convex, no duality gap; its stopping rule
         certificate = "stationary (no gap)" if done else "NOT stationary"
+        refit = solver.get("refit")  # searched on a row subset; its forest retrained on every row
+        if refit:
+            certificate += (f"; forest on all rows {refit['relative_gap']:.1e} "
+                            f"{'certified' if refit['converged'] else 'NOT certified'}")
     else:
         worst = max(gap) if isinstance(gap, list) else gap
         met = all(done) if isinstance(done, list) else done

@@ -101,6 +101,7 @@ class CRANKConfig(FullConfig):
     init_scale: float = 0.1
     seed: int = 0
     eps: float = 0.05
+    search_rows: Any = 2000  # CCCP searches on at most this many training rows; its forest trains on every row
 
 
 @dataclass
@@ -290,7 +291,7 @@ class TrainerConfig:
     gradient_clip_val: Any = None
     num_threads: Any = "auto"  # torch intra-op threads: auto = the cores other processes leave free; an int; null =
     # torch's default (one per core). Not a lightning.Trainer option.
-    time_budget: Any = 720  # seconds of wall clock for the fit (structure learning included): training stops there,
+    time_budget: Any = 540  # seconds of wall clock for the fit (structure learning included): training stops there,
     # certified or saying it is not; null: no budget. Not a lightning.Trainer option.
 
 

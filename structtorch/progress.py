@@ -18,11 +18,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-__all__ = ["EVERY_S", "budget_share", "out_of_time", "phase", "tick", "time_budget"]
+__all__ = ["EVERY_S", "budget_share", "out_of_time", "phase", "share_deadline", "tick", "time_budget", "until"]
 
 EVERY_S = 15.0  #: seconds between two progress lines of a phase, at least
 log = logging.getLogger("structtorch.progress")
@@ -51,19 +51,31 @@ def time_budget(seconds: float | None) -> Iterator[None]:
         _DEADLINE.reset(token)
 
 
-@contextmanager
-def budget_share(fraction: float) -> Iterator[None]:
-    """Inside the block, at most ``fraction`` of the time left of the running ``time_budget`` (none: no limit), so
-    that a phase leaves the rest to what follows it."""
+def share_deadline(fraction: float) -> float | None:
+    """The ``time.monotonic()`` by which ``fraction`` of the time left of the running ``time_budget`` is spent
+    (None: no budget), for a phase that spans several calls (``until``) and leaves the rest to what follows it."""
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"budget_share: fraction must lie in (0, 1], got {fraction}")
     deadline = _DEADLINE.get()
     now = time.monotonic()
-    token = _DEADLINE.set(None if deadline is None else now + fraction * max(0.0, deadline - now))
+    return None if deadline is None else now + fraction * max(0.0, deadline - now)
+
+
+@contextmanager
+def until(deadline: float | None) -> Iterator[None]:
+    """Inside the block, the running budget ends by ``deadline`` (a ``share_deadline``; None: unchanged)."""
+    current = _DEADLINE.get()
+    token = _DEADLINE.set(current if deadline is None else deadline if current is None else min(current, deadline))
     try:
         yield
     finally:
         _DEADLINE.reset(token)
+
+
+def budget_share(fraction: float) -> AbstractContextManager[None]:
+    """Inside the block, at most ``fraction`` of the time left of the running ``time_budget`` (none: no limit), so
+    that a phase leaves the rest to what follows it."""
+    return until(share_deadline(fraction))
 
 
 def out_of_time(distributed: bool = False, reserve: float = 0.0) -> bool:

@@ -368,8 +368,13 @@ def _solver_row(solver: dict[str, Any]) -> str:
         return (f"{'duality gap':<22} {_worst(solver['relative_gap']):8.1e}   ({solver['solver']}, "
                 f"tol {solver['tol']:g}, {epochs}): {verdict}")
     if "converged" in solver:
-        return (f"{'stopping rule':<22} {'met' if solver['converged'] else f'NOT met (stopped at {_cap(solver)})'}   "
-                f"({solver['solver']}, {epochs})")
+        met = "met" if solver["converged"] else f"NOT met (stopped at {_cap(solver)})"
+        refit = solver.get("refit")
+        if refit:  # CRANK searched on a row subset, then retrained its forest on every row
+            met = (f"{'met' if solver['converged'] else 'NOT met (stopped at its share of trainer.time_budget)'}; "
+                   f"its forest retrained on all {refit['rows']} rows: duality gap {refit['relative_gap']:.1e}, "
+                   f"{'certified' if refit['converged'] else 'NOT certified'}")
+        return f"{'stopping rule':<22} {met}   ({solver['solver']}, {epochs})"
     return f"{'training':<22} {solver['solver']}, {epochs}: no certificate or stopping rule (runs trainer.max_epochs)"
 
 

@@ -151,6 +151,72 @@ def test_crank_stopped_when_its_support_became_a_forest_resumes(crank, small, tm
     assert_loads_as_trained(again, resumed.checkpoint_callback.last_model_path, small.test_tensors[0])
 
 
+@pytest.fixture(scope="module")
+def crank_on_a_subset(small, tmp_path_factory) -> tuple[CRANK, L.Trainer]:
+    model = CRANK(small.num_features, small.num_labels, search_rows=150, **CRANK_KWARGS)
+    trainer = checkpointed(60, tmp_path_factory.mktemp("crank_subset"))
+    trainer.fit(model, datamodule=small)
+    return model, trainer
+
+
+def test_crank_searches_on_search_rows_then_retrains_its_forest_on_every_row(crank_on_a_subset, small,
+                                                                             independent_on_exclusions):
+    """model.search_rows = m below the training rows: CCCP searches on a seeded subset of m rows (on tmc2007, 10
+    restarts x 19,367 rows, one smoothed-LP evaluation took about 285 s and the first CCCP iteration did not end in
+    15 minutes); the forest it ends on is then retrained on every row to its certificate in the same epoch, so
+    last.ckpt holds it, and the model is train_forests' optimum of that forest on all rows."""
+    model, trainer = crank_on_a_subset
+    x, y = small.train_tensors
+    refit = model.strategy.report()["refit"]
+    assert len(model.strategy.loss.y) == 150 and refit["rows"] == len(x) == 300 and refit["converged"]
+    assert model.strategy.done and model.graph.is_forest and trainer.current_epoch < 59
+    whole = train_forests(x.double(), y, model.structure_mask[None], 0.01, model.bias_reg, tol=1e-3, spin=True,
+                          graph=model.restart_energy.graph)
+    assert torch.allclose(model.energy.unary.weight.double(), whole.energy.unary.weight[0], atol=1e-6)
+    assert torch.allclose(model.energy.edge_weight.double(), whole.energy.edge_weight[0, model.structure_mask],
+                          atol=1e-6)
+    assert_loads_as_trained(model, trainer.checkpoint_callback.last_model_path, small.test_tensors[0])
+    beats_independent(trainer.test(model, datamodule=small, verbose=False)[0], independent_on_exclusions,
+                      subset=0.12, hamming=0.02)
+
+
+def test_crank_search_out_of_its_time_share_retrains_the_spanning_forest_of_its_support(small, monkeypatch):
+    """A search that spends its share of the time budget (half of it) stops after that CCCP iteration, not yet
+    stationary, and retrains the maximum spanning forest of |w_pair| over the best restart's support."""
+    from structtorch.strategies import cccp
+
+    monkeypatch.setattr(cccp, "out_of_time", lambda: True)
+    model = CRANK(small.num_features, small.num_labels, search_rows=150, **CRANK_KWARGS)
+    seen = {}
+    original = model.strategy.iteration
+    model.strategy.iteration = lambda: (seen.update(report=original()), seen.update(
+        w=model.restart_energy.edge_weight.detach()[int(model.best)].clone()), seen["report"])[2]
+    trainer = L.Trainer(accelerator="cpu", max_epochs=60, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False)
+    trainer.fit(model, datamodule=small)
+    report = model.strategy.report()
+    assert report["outer_iterations"] == 1 and not report["converged"] and report["refit"]["converged"]
+    graph = model.restart_energy.graph
+    assert seen["report"]["train/circuit_rank"] > 0  # still loopy: the forest is the support's spanning forest
+    assert torch.equal(model.structure_mask, max_spanning_tree(seen["w"].abs(), graph) & (seen["w"] != 0))
+    assert model.graph.is_forest
+
+
+def test_crank_search_rows_are_capped_by_its_smoothed_lp_size(small, monkeypatch):
+    """restarts x search rows x candidate edges stay within MAX_EDGE_ROWS (delicious: 10 x 11,628 rows x 7,588
+    edges asked for 237 GiB), whatever model.search_rows says."""
+    from structtorch.learners import crank
+
+    monkeypatch.setattr(crank, "MAX_EDGE_ROWS", 3 * 15 * 40)
+    model = CRANK(small.num_features, small.num_labels, search_rows=None, **CRANK_KWARGS)
+    x, y = small.train_tensors
+    assert [len(t) for t in model.search_subset(x, y)] == [40, 40]
+    fewer = CRANK(small.num_features, small.num_labels, search_rows=30, **CRANK_KWARGS)
+    assert [len(t) for t in fewer.search_subset(x, y)] == [30, 30]
+    with pytest.raises(ValueError, match="search_rows"):
+        CRANK(small.num_features, small.num_labels, search_rows=1)
+
+
 def test_crank_objective_decreases_within_each_beta(crank):
     """CCCP: l + beta f never increases while beta is fixed (up to the inner LP's tolerance)."""
     _, _, steps = crank
@@ -415,12 +481,14 @@ def test_project_is_the_tree_projection_of_full(small, tmp_path, independent_on_
     beats_independent(metrics, independent_on_exclusions, subset=0.12, hamming=0.02)
 
 
-@pytest.mark.parametrize("name", ["crank", "project"])
-def test_train_cli_run_resumed_predicts_on_the_learned_tree(name, tmp_path):
+@pytest.mark.parametrize("name,extra", [("crank", []), ("project", []), ("crank", ["model.search_rows=150"])])
+def test_train_cli_run_resumed_predicts_on_the_learned_tree(name, extra, tmp_path):
     """``structtorch.train`` (checkpoint saved after validation) then ``resume=<run dir>``: the finished
-    run's last.ckpt loads with its forest, and the resumed run tests exactly like the first."""
+    run's last.ckpt loads with its forest, and the resumed run tests exactly like the first (also after a search
+    on a row subset whose forest was retrained on every row)."""
     overrides = [f"model={name}", "data.num_train=300", "data.num_test=300", "data.num_labels=6", "logger=none",
-                 "model.l2=0.01", "model.inner_iters=40", "trainer.max_epochs=60", "trainer.enable_progress_bar=false"]
+                 "model.l2=0.01", "model.inner_iters=40", "trainer.max_epochs=60", "trainer.enable_progress_bar=false",
+                 *extra]
     if name == "crank":
         overrides += ["model.restarts=2", "model.beta=1e-4", "model.beta_growth=4.0"]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -428,6 +496,7 @@ def test_train_cli_run_resumed_predicts_on_the_learned_tree(name, tmp_path):
         resumed_cfg = compose("config", overrides=[*overrides, f"resume={tmp_path / 'first'}"])
     first = run(first_cfg, tmp_path / "first")
     assert first["structure"]["is_forest"] and first["solver"]["converged"]
+    assert ("refit" in first["solver"]) == bool(extra)
     loaded = LEARNERS[name].load_from_checkpoint(tmp_path / "first" / "checkpoints" / "last.ckpt")
     assert loaded.graph.is_forest and loaded.graph.num_edges == first["structure"]["num_edges"]
     resumed = run(resumed_cfg, tmp_path / "resumed")

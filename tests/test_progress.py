@@ -124,6 +124,30 @@ def test_a_budget_share_leaves_the_rest_to_what_follows(monkeypatch):
             pass
 
 
+def test_a_share_deadline_holds_across_calls_and_never_extends_the_budget(monkeypatch):
+    """share_deadline fixes the end of a phase that spans several calls (CRANK's search, one CCCP iteration per
+    epoch); until() applies it and never lets a phase outlive the running budget."""
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    assert progress.share_deadline(0.5) is None
+    with progress.until(None):
+        now[0] = 1e6
+        assert not progress.out_of_time()
+    now[0] = 0.0
+    with progress.time_budget(100):
+        deadline = progress.share_deadline(0.5)
+        now[0] = 30.0
+        with progress.until(deadline):
+            assert not progress.out_of_time()
+        now[0] = 50.0
+        with progress.until(deadline):
+            assert progress.out_of_time()
+        assert not progress.out_of_time()
+        with progress.until(1e6):  # later than the budget: the budget holds
+            now[0] = 100.0
+            assert progress.out_of_time()
+
+
 def test_structure_learning_leaves_the_model_half_of_the_budget():
     """MST on tmc2007 spent the whole trainer.time_budget scoring edges, and its tree then trained for no iteration
     (the empty set on every test row): structure learning now stops at half of what is left."""

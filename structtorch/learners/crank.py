@@ -5,22 +5,39 @@ The Finley-Joachims energy on the complete label graph, trained by CCCP (Algorit
 with the lowest objective among those whose support is a forest predicts, restricted to that forest, by exact
 ``tree_map``. Project (Sec. 6) runs the same algorithm from Full's certified weights with a large beta.
 
+On a training set of more than ``search_rows`` rows (or one whose restarts x rows x candidate edges would exceed
+``MAX_EDGE_ROWS`` per smoothed-LP evaluation), CCCP searches on a seeded subset of the rows within half of the time
+budget, and the forest it ends on (the maximum spanning forest of |w_pair| over the best restart's support when that
+is not yet a forest) is then retrained on every row to its certificate (``train_forests``), as MST's and Greedy's
+searches are.
+
 One Lightning epoch = one CCCP iteration; logged: train/objective, train/beta, train/circuit_rank,
 train/nonzero_edges (of the best restart), and train/forests (restarts whose support is a forest).
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import torch
 
 from ..energies import FinleyJoachimsEnergy
+from ..folds import rows_at_most
 from ..graph import Graph, check_float, check_int
 from ..inference import tree_map
 from ..potentials import Potentials
+from ..progress import phase
 from ..strategies import CCCP
-from .baselines import Full
+from .baselines import Full, train_forests
 
-__all__ = ["CRANK", "Project"]
+__all__ = ["CRANK", "MAX_EDGE_ROWS", "Project"]
+
+log = logging.getLogger(__name__)
+
+#: restarts x search rows x candidate edges of one smoothed-LP evaluation of CRANK's search at most: bounds its
+#: memory (about 290 bytes each: 1.2 GB) and time (measured: about 45 s on the 2-core CPU at 300 sweeps)
+MAX_EDGE_ROWS = 2**22
 
 
 class CRANK(Full):
@@ -35,19 +52,24 @@ class CRANK(Full):
         init_scale: standard deviation of the random starting weights.
         seed: seed of the starting points.
         eps / predict_iters / lp_tol: the smoothed LP of the training hinge (temperature, sweeps, tolerance).
+        search_rows: CCCP searches on at most this many training rows (a seeded subset; None: all, up to
+            ``MAX_EDGE_ROWS``); its forest is then retrained on every row.
         Other args as ``Full`` (prediction while the support still has cycles) and ``StructuredLearner``;
         ``l2`` is one number (the restarts are the batch dimension).
     """
 
     def __init__(self, num_features: int, num_labels: int, beta: float = 1e-3, beta_growth: float = 2.0,
                  cccp_tol: float = 1e-3, inner_iters: int = 100, restarts: int = 10, init_scale: float = 0.1,
-                 seed: int = 0, eps: float = 0.05, **kwargs) -> None:
+                 seed: int = 0, eps: float = 0.05, search_rows: int | None = 2000, **kwargs) -> None:
         for name, v, low in (("beta", beta, 0.0), ("beta_growth", beta_growth, 1.0), ("cccp_tol", cccp_tol, 0.0)):
             check_float(v, f"CRANK: {name}", low)
         check_float(init_scale, "CRANK: init_scale", 0.0, strict=False)
+        if search_rows is not None:
+            check_int(search_rows, f"{type(self).__name__}: model.search_rows", 2, expected="None or an int >= 2")
         for name, v in (("inner_iters", inner_iters), ("restarts", restarts)):
             check_int(v, f"CRANK: {name}", 1)
         super().__init__(num_features, num_labels, eps=eps, **kwargs)
+        self.save_hyperparameters({"search_rows": search_rows})
         if self.num_models is not None:
             raise ValueError("CRANK: model.l2 must be one number (its restarts are the batched models)")
         self.restart_energy = self._starting_points()  # [R] models, checkpointed
@@ -76,15 +98,39 @@ class CRANK(Full):
     def solver_name(self) -> str:
         return "cccp"
 
-    def use_restart(self, b: int, tree: torch.Tensor | None) -> None:
-        """Restart b predicts: its weights go into the predicting energy (one model), restricted to ``tree``
-        (bool [E], restart b's support when it is a forest: exact ``tree_map``), else on the complete graph.
-        Called in the training step, so each checkpoint (written at its epoch's end) holds that epoch's
-        predictor."""
+    def search_subset(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows CCCP searches on: at most ``search_rows`` of x [N, D], y [N, n], and at most
+        ``MAX_EDGE_ROWS`` / (restarts x candidate edges) (a seeded subset; the forest found trains on every row)."""
+        per_row = self.hparams.restarts * max(1, self.restart_energy.graph.num_edges)
+        size = min(self.hparams.search_rows or len(x), max(2, MAX_EDGE_ROWS // per_row))
+        x, y, note = rows_at_most(x, y, size, "model.search_rows" if size == self.hparams.search_rows else
+                                  f"{MAX_EDGE_ROWS} restarts x rows x candidate edges at most")
+        if note:
+            log.info("%s: CCCP searches%s", type(self).__name__, note)
+        return x, y
+
+    def refit_forest(self, x: torch.Tensor, y: torch.Tensor, forest: torch.Tensor) -> dict[str, Any]:
+        """The M3N on ``forest`` (bool [E] over the candidate graph) trained on x [N, D], y [N, n] to its
+        certificate (``train_forests``) becomes the predictor; returns that certificate."""
+        hp = self.hparams
+        with phase(f"{type(self).__name__}: its forest of {int(forest.sum())} edges retrained on {len(x)} rows"):
+            solver = train_forests(x.cpu().to(torch.float64), y.cpu(), forest[None].cpu(), self.l2_grid[0],
+                                   self.bias_reg, hp.tol, hp.margin_scale, spin=self.spin,
+                                   graph=self.restart_energy.graph)
+        self.use_restart(0, forest, solver.energy)
+        return {"rows": len(x), "relative_gap": float(solver.last.relative_gap[0]),
+                "converged": bool(solver.last.converged[0]), "tol": hp.tol}
+
+    def use_restart(self, b: int, tree: torch.Tensor | None, source: FinleyJoachimsEnergy | None = None) -> None:
+        """Model b of ``source`` (default: restart b) predicts: its weights go into the predicting energy (one
+        model), restricted to ``tree`` (bool [E], restart b's support when it is a forest: exact ``tree_map``),
+        else on the complete graph. Called in the training step, so each checkpoint (written at its epoch's end)
+        holds that epoch's predictor."""
         if self.structure_mask.numel():  # restricted by an earlier iteration or by the checkpoint resumed
             self.reset_structure()
+        source = self.restart_energy if source is None else source
         with torch.no_grad():
-            for p, q in zip(self.energy.parameters(), self.restart_energy.parameters()):
+            for p, q in zip(self.energy.parameters(), source.parameters()):
                 p.copy_(q[b])
         if tree is not None:
             self.set_structure(tree)

@@ -14,6 +14,10 @@ f = ||w_pair||_1 - max_T sum_{e in T} |w_e|, is a difference of convex functions
 The learner's ``restarts`` starting points are one batched model; the one with the lowest objective among those
 whose support is a forest predicts, restricted to that forest (exact ``tree_map``). Project (Sec. 6) is the same
 algorithm started from Full's certified weights with a large beta.
+
+On a large training set the learner's ``search_subset`` gives the rows CCCP searches on, within half of the time
+budget; its forest (the maximum spanning forest of |w_pair| over the best restart's support while that has cycles)
+is then retrained on every row (the learner's ``refit_forest``), in the same epoch, so the checkpoint holds it.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from typing import Any
 
 import torch
 
+from ..progress import out_of_time, share_deadline, until
 from ..solvers import BatchedFISTA, LPSmoothedMax, SmoothedHinge, SmoothedLBFGS
-from ..structure import cccp_linearization, circuit_rank, circuit_rank_penalty
+from ..structure import cccp_linearization, circuit_rank, circuit_rank_penalty, max_spanning_tree
 from .base import Strategy
 
 __all__ = ["CCCP"]
@@ -37,15 +42,19 @@ class CCCP(Strategy):
 
     Args:
         from_full: start from Full's weights, trained to their certificate on the complete graph (Project).
+        search_share: the share of the time budget left at the start that a search on a row subset may take.
     """
 
     name = "cccp"
 
-    def __init__(self, learner, from_full: bool = False) -> None:
+    def __init__(self, learner, from_full: bool = False, search_share: float = 0.5) -> None:
         super().__init__(learner)
-        self.from_full = from_full
+        self.from_full, self.search_share = from_full, search_share
         self.outer_iterations, self.done = 0, False
         self.full_certificate: dict[str, Any] | None = None
+        self.refit: dict[str, Any] | None = None  # the certificate of the forest retrained on every row
+        self.all_rows: tuple[torch.Tensor, torch.Tensor] | None = None  # (x, y) when CCCP searches on a subset
+        self.search_deadline: float | None = None
 
     def check(self) -> None:
         if self.learner.hparams.solver != "auto":
@@ -55,10 +64,15 @@ class CCCP(Strategy):
     def setup(self, x: torch.Tensor, y: torch.Tensor, state: dict[str, Any] | None = None) -> None:
         learner, hp = self.learner, self.learner.hparams
         self.energy = learner.restart_energy.to(learner.device)
-        x, y = x.to(learner.device), y.to(learner.device)
         self.outer_iterations, self.done = (state["outer_iterations"], state["done"]) if state else (0, False)
+        self.refit = state.get("refit") if state else None
+        search = learner.search_subset(x, y)
+        if len(search[0]) < len(x):
+            self.all_rows, self.search_deadline = (x, y), share_deadline(self.search_share)
+        x, y = search[0].to(learner.device), search[1].to(learner.device)
         if self.from_full and state is None:
-            self.full_certificate = self.train_full(x, y)
+            with until(self.search_deadline):
+                self.full_certificate = self.train_full(x, y)
         self.loss = SmoothedHinge(self.energy, x, y, learner.l2_grid[0],  # l(w) [R]
                                   smoothed_max=LPSmoothedMax(hp.predict_iters, tol=hp.lp_tol), eps=hp.eps,
                                   margin_scale=hp.margin_scale, bias_reg=self.learner.bias_reg)
@@ -99,7 +113,9 @@ class CCCP(Strategy):
         learner, hp, graph = self.learner, self.learner.hparams, self.energy.graph
         self.v = cccp_linearization(self.energy.edge_weight.detach(), graph)  # step 1, Prop. 4.3
         self.fista.set_l1(self.l1_weights())
-        self.fista.run(hp.inner_iters)  # step 2: minimise h_t
+        with until(self.search_deadline):
+            self.fista.run(hp.inner_iters)  # step 2: minimise h_t
+            searched = out_of_time()
         h = self.objective()
         support = self.energy.edge_weight.detach() != 0
         rank = circuit_rank(support, graph)
@@ -116,25 +132,34 @@ class CCCP(Strategy):
         b = int((torch.where(forest, h, float("inf")) if bool(forest.any()) else h).argmin())  # forests first
         learner.best.fill_(b)
         learner.use_restart(b, support[b] if bool(forest[b]) else None)
+        if self.all_rows is not None and (self.done or searched or self.last_epoch()):
+            tree = support[b] if bool(forest[b]) else max_spanning_tree(self.energy.edge_weight[b].detach().abs(),
+                                                                        graph) & support[b]
+            self.refit = learner.refit_forest(*self.all_rows, tree.cpu())
         stats = {"train/objective": float(h[b]), "train/beta": float(learner.beta),
                  "train/circuit_rank": float(rank[b]), "train/nonzero_edges": float(support[b].sum()),
                  "train/forests": float(forest.sum())}
         learner.log_dict(stats, prog_bar=True, on_step=False, on_epoch=True)
         return stats
 
+    def last_epoch(self) -> bool:
+        """Whether this is the run's last epoch (``trainer.max_epochs``)."""
+        trainer = self.learner.trainer
+        return trainer.max_epochs is not None and 0 <= trainer.max_epochs <= self.learner.current_epoch + 1
+
     # ------------------------------------------------------------------ the protocol
     def training_step(self, batch: tuple, batch_idx: int) -> None:
-        if batch_idx != 0 or self.done:
+        if batch_idx != 0 or self.done or self.refit is not None:
             return None
         self.iteration()
         self.step_counter()
         return None
 
     def epoch_end(self) -> bool:
-        return self.done
+        return self.done or self.refit is not None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"kind": self.name, "outer_iterations": self.outer_iterations, "done": self.done}
+        return {"kind": self.name, "outer_iterations": self.outer_iterations, "done": self.done, "refit": self.refit}
 
     def report(self) -> dict[str, Any]:
         learner = self.learner
@@ -143,6 +168,7 @@ class CCCP(Strategy):
         if torch.isfinite(learner.last_objective).all():
             report["objective"] = learner.last_objective.tolist()
         report["best_restart"] = int(learner.best)
+        report |= {"refit": self.refit} if self.refit is not None else {}
         return report | ({"full": self.full_certificate} if self.from_full else {})
 
     def warning(self) -> str | None:
