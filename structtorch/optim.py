@@ -5,14 +5,17 @@ backtracking line search ``backtrack`` (also Newton's, in ``estimation.condition
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
 from .graph import check_int
 from .progress import tick
 
-__all__ = ["BatchedLBFGS", "ModelSlices", "backtrack", "minimize"]
+__all__ = ["BatchedLBFGS", "ModelSlices", "Objective", "backtrack", "minimize", "terms"]
+
+#: an objective's value [M]: one differentiable tensor, or (streamed) the terms that sum to it
+Objective = torch.Tensor | Iterable[torch.Tensor]
 
 
 def backtrack(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], f0: torch.Tensor, slope: torch.Tensor,
@@ -50,13 +53,23 @@ class ModelSlices:
             for p, chunk in zip(self.params, X.split(self.sizes, 1)):
                 p.copy_(chunk.reshape(p.shape))
 
-    def value_and_grad(self, objective: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(objective() [M], its gradient [M, P]) at the current parameters."""
+    def value_and_grad(self, objective: Callable[[], Objective]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(objective() [M], its gradient [M, P]) at the current parameters; a streamed objective (an iterable of
+        terms [M]) is summed term by term, each term's graph freed before the next is built."""
+        value, grad = None, None
         with torch.enable_grad():
-            value = objective().reshape(self.M)
-            grads = torch.autograd.grad(value.sum(), self.params, allow_unused=True)
-        flat = [value.new_zeros(self.M, n) if g is None else g.reshape(self.M, -1) for g, n in zip(grads, self.sizes)]
-        return value.detach(), torch.cat(flat, 1)
+            for term in terms(objective()):
+                term = term.reshape(self.M)
+                grads = torch.autograd.grad(term.sum(), self.params, allow_unused=True)
+                flat = torch.cat([term.new_zeros(self.M, n) if g is None else g.reshape(self.M, -1)
+                                  for g, n in zip(grads, self.sizes)], 1)
+                value, grad = (term.detach(), flat) if value is None else (value + term.detach(), grad + flat)
+        return value, grad
+
+
+def terms(objective: Objective) -> Iterator[torch.Tensor]:
+    """The terms [M] of an objective's value: the value itself, or those a streamed objective yields."""
+    return iter([objective]) if isinstance(objective, torch.Tensor) else iter(objective)
 
 
 class BatchedLBFGS:

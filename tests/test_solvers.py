@@ -412,17 +412,24 @@ def test_smoothed_lbfgs_on_a_loopy_graph_certifies_the_lp_relaxed_objective():
     assert float(exact) <= float(info.primal) + 1e-9 and float(info.primal) <= float(exact) * (1 + 1e-3)
 
 
-def test_lp_smoothed_max_subset_warm_starts_its_rows():
-    """``subset(models)`` starts each model from its own rows of the last messages and writes them back (the
-    solver evaluates only the models still open, so the batch shape changes)."""
-    x, y = chain_problem()
+def random_loopy_potentials():
+    """Potentials of 3 random models on the complete graph of 5 labels for chain_problem's 60 examples: (pot,
+    unary [3, 60, 5, 2], pairwise [3, 60, 10, 2, 2], eps [3, 1])."""
+    x, _ = chain_problem()
     energy = FinleyJoachimsEnergy(6, 5, Graph.complete(5), num_models=3).double()
     with torch.no_grad():
         for prm in energy.parameters():
             prm.normal_(generator=torch.Generator().manual_seed(0))
         pot = energy(x)
-    U, P = pot.unary, pot.pairwise.expand(3, *pot.pairwise.shape[1:])
     eps = torch.tensor([[0.1], [0.05], [0.02]], dtype=torch.float64)
+    return pot, pot.unary, pot.pairwise.expand(3, 60, *pot.pairwise.shape[2:]), eps
+
+
+def test_lp_smoothed_max_subset_warm_starts_its_rows():
+    """``subset(models)`` starts each model from its own rows of the last messages and writes them back (the
+    solver evaluates only the models still open, so the batch shape changes)."""
+    pot, U, P, eps = random_loopy_potentials()
+    P = P[:, :1]
     smax = LPSmoothedMax(iters=200, tol=1e-6)
     smax(Potentials(U, P, pot.graph), eps)
     start = smax.messages.clone()
@@ -431,6 +438,94 @@ def test_lp_smoothed_max_subset_warm_starts_its_rows():
     ref = smoothed_lp(Potentials(U[rows] * 1.1, P[rows], pot.graph), eps[rows], 200, messages=start[rows], tol=1e-6)
     assert torch.equal(value, ref.value) and torch.equal(smax.messages[rows], ref.messages)
     assert torch.equal(smax.messages[1], start[1])
+
+
+class RecordingMax:
+    """A smoothed max that records the example count of every call (and delegates to ``inner``)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.rows = inner, []
+
+    def __call__(self, pot, eps):
+        self.rows.append(pot.batch_shape[1])
+        return self.inner(pot, eps)
+
+
+def streamed_case(kind: str):
+    """(energy factory, x, y, SmoothedLBFGS keyword args, mask) of each kind of objective the solvers stream."""
+    x, y = chain_problem(N=70)
+    n = y.shape[1]
+    if kind == "tree":
+        return lambda: FinleyJoachimsEnergy(6, n, Graph.chain(n), num_models=2).double(), x, y, {}, None
+    if kind == "lp":  # loopy: the smoothed LP, warm-started chunk by chunk
+        return (lambda: FinleyJoachimsEnergy(6, n, Graph.complete(n), num_models=2).double(), x, y,
+                {"smoothed_max": LPSmoothedMax(300, tol=1e-9)}, None)
+    if kind == "crf":  # fixed eps: the likelihood and its entropy dual
+        return (lambda: FinleyJoachimsEnergy(6, n, Graph.chain(n), num_models=2).double(), x, y,
+                {"margin_scale": 0.0, "eps": 1.0}, None)
+    fold = torch.arange(70) % 3 != 0  # "folds": CV masks
+    return (lambda: FinleyJoachimsEnergy(6, n, Graph.chain(n), num_models=2).double(), x, y, {},
+            torch.stack([fold, ~fold]))
+
+
+@pytest.mark.parametrize("kind", ["tree", "lp", "crf", "folds"])
+def test_a_streamed_objective_and_certificate_equal_the_whole_batch(kind, monkeypatch):
+    """With ROW_CHUNK_ELEMENTS small, SmoothedHinge streams its objective, gradient and certificate over chunks of
+    examples (delicious's Full: 11,628 rows x 7,588 edges in one smoothed-LP batch needed 237 GiB): every smoothed
+    max call sees at most ``chunk_rows`` examples, and the values, gradients, certificates and the certified
+    optimum are the whole batch's (up to rounding)."""
+    from structtorch.optim import ModelSlices
+    from structtorch.solvers import smoothing
+
+    make, x, y, kwargs, mask = streamed_case(kind)
+    whole = SmoothedLBFGS(make(), x, y, torch.tensor([0.1, 0.03], dtype=torch.float64), mask=mask, tol=1e-4,
+                          **kwargs)
+    per_row = 2 * max(whole.energy.graph.num_edges, 5) * 4  # M x max(E, n) x K^2
+    monkeypatch.setattr(smoothing, "ROW_CHUNK_ELEMENTS", 16 * per_row + per_row // 2)  # 16 rows a chunk
+    streamed = SmoothedLBFGS(make(), x, y, torch.tensor([0.1, 0.03], dtype=torch.float64), mask=mask, tol=1e-4,
+                             **kwargs)
+    assert whole.chunk_rows == 70 and streamed.chunk_rows == 16 and len(streamed.chunks()) == 5
+    for solver in (whole, streamed):
+        with torch.no_grad():
+            for prm in solver.params:
+                prm.copy_(0.3 * torch.randn(prm.shape, generator=torch.Generator().manual_seed(1), dtype=prm.dtype))
+    a, b = whole.certify(), streamed.certify()
+    for field in ("primal", "dual", "relative_gap"):
+        assert torch.allclose(getattr(a, field), getattr(b, field), rtol=1e-7, atol=1e-9), field
+    assert torch.allclose(whole.smoothing, streamed.smoothing, rtol=1e-7, atol=1e-9)
+    value, grad = ModelSlices(whole.params, 2).value_and_grad(whole.objective)
+    value_s, grad_s = ModelSlices(streamed.params, 2).value_and_grad(streamed.objective)
+    assert torch.allclose(value, value_s, rtol=1e-7) and torch.allclose(grad, grad_s, rtol=1e-6, atol=1e-9)
+    assert not isinstance(streamed.objective(), torch.Tensor)
+    if kind != "lp":  # (the smoothed LP's own chunks: its test below)
+        inner, streamed.smoothed_max = streamed.smoothed_max, RecordingMax(streamed.smoothed_max)
+        ModelSlices(streamed.params, 2).value_and_grad(streamed.objective)
+        streamed.certify()
+        assert max(streamed.smoothed_max.rows) == 16 and sum(streamed.smoothed_max.rows) == 2 * 70
+        streamed.smoothed_max = inner
+    a, b = whole.fit(max_iter=3000), streamed.fit(max_iter=3000)
+    assert bool(a.converged.all()) and bool(b.converged.all())
+    assert torch.allclose(a.primal, b.primal, rtol=3e-4)
+    assert bool((b.dual <= a.primal + 1e-9).all()) and bool((a.dual <= b.primal + 1e-9).all())
+
+
+def test_lp_smoothed_max_chunks_warm_start_their_own_examples():
+    """``chunk(rows, total)`` starts each example from its own messages of the last pass and writes them back, for all
+    models or a subset of them."""
+    pot, U, P, eps = random_loopy_potentials()
+    smax = LPSmoothedMax(iters=200, tol=1e-6)
+    first = [smax.chunk(slice(i, i + 20), 60)(Potentials(U[:, i:i + 20], P[:, i:i + 20], pot.graph), eps)
+             for i in range(0, 60, 20)]
+    for i, value in zip(range(0, 60, 20), first):  # the first pass: each chunk from zeros, as alone
+        alone = smoothed_lp(Potentials(U[:, i:i + 20], P[:, i:i + 20], pot.graph), eps, 200, tol=1e-6)
+        assert torch.equal(value, alone.value) and torch.equal(smax.messages[:, i:i + 20], alone.messages)
+    start, models, rows = smax.messages.clone(), torch.tensor([True, False, True]), slice(20, 40)
+    value = smax.chunk(rows, 60, models)(Potentials(U[models][:, rows] * 1.1, P[models][:, rows], pot.graph),
+                                         eps[models])
+    again = smoothed_lp(Potentials(U[models][:, rows] * 1.1, P[models][:, rows], pot.graph), eps[models], 200,
+                        messages=start[models][:, rows], tol=1e-6)
+    assert torch.equal(value, again.value) and torch.equal(smax.messages[models][:, rows], again.messages)
+    assert torch.equal(smax.messages[1], start[1]) and torch.equal(smax.messages[:, :20], start[:, :20])
 
 
 def test_smoothed_lbfgs_bad_input():

@@ -28,7 +28,7 @@ in the local polytope only at convergence).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -47,6 +47,10 @@ from .certificate import GapInfo, certificate
 __all__ = ["ForestSmoothedMax", "LPSmoothedMax", "SmoothedHinge", "SmoothedLBFGS", "SmoothedMax",
            "tree_smoothed_max"]
 
+#: elements of one [M, rows, E, K, K] block (E: the edges, at least the labels) of a chunk of ``SmoothedHinge``'s
+#: streamed objective and certificate: 2^24 doubles, 134 MB (the smoothed LP holds about 9 such blocks)
+ROW_CHUNK_ELEMENTS = 2**24
+
 #: (Potentials [M, N], eps [M, 1]) -> differentiable smoothed max [M, N] >= max_y score(y), each model at its
 #: own temperature; its gradient w.r.t. the potentials is the marginals
 SmoothedMax = Callable[[Potentials, torch.Tensor], torch.Tensor]
@@ -63,11 +67,13 @@ class LPSmoothedMax:
     examples in one call, each model at its own temperature, warm-started from the previous call's
     messages when the shapes match (any messages give an upper bound; each problem sweeps until its dual
     decreases by less than ``tol`` eps, so the start only changes the number of sweeps). ``subset(models)``
-    evaluates some models only, warm-started from (and updating) their rows of the messages."""
+    evaluates some models only, warm-started from (and updating) their rows of the messages; ``chunk(rows,
+    total, models)`` the examples ``rows`` of ``total`` only (a streamed objective), each warm-started from its own
+    messages of the previous pass."""
 
     def __init__(self, iters: int = 100, tol: float | None = 1e-6) -> None:
         self.iters, self.tol = iters, tol
-        self.messages: torch.Tensor | None = None  # [M, N, E, 2, K] of the last call
+        self.messages: torch.Tensor | None = None  # [M, N, E, 2, K] of the last call (of all chunks)
 
     def __call__(self, pot: Potentials, eps: torch.Tensor) -> torch.Tensor:
         return self._solve(pot, eps, None)
@@ -76,17 +82,31 @@ class LPSmoothedMax:
         """The smoothed max of the models where ``models`` [M] (bool) is True: Potentials [M', N], eps [M', 1]."""
         return lambda pot, eps: self._solve(pot, eps, models)
 
-    def _solve(self, pot: Potentials, eps: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    def chunk(self, rows: slice, total: int, models: torch.Tensor | None = None) -> SmoothedMax:
+        """The smoothed max of examples ``rows`` of ``total`` (of the models where ``models`` [M] is True; None:
+        all): Potentials [M', rows], eps [M', 1]; warm-started from, and updating, those examples' messages."""
+        return lambda pot, eps: self._solve(pot, eps, models, rows, total)
+
+    def _solve(self, pot: Potentials, eps: torch.Tensor, models: torch.Tensor | None, rows: slice | None = None,
+               total: int | None = None) -> torch.Tensor:
+        if rows is not None:
+            M = pot.batch_shape[0] if models is None else models.shape[0]
+            want = (M, total, pot.graph.num_edges, 2, pot.num_states)
+            if self.messages is None or tuple(self.messages.shape) != want or self.messages.dtype != pot.dtype:
+                self.messages = pot.unary.new_zeros(want)  # zeros: a cold start, as no messages
         store = self.messages
+        if store is not None and models is not None:
+            store = store[models] if store.shape[0] == models.shape[0] else None
         if store is not None and rows is not None:
-            store = store[rows] if store.shape[0] == rows.shape[0] else None
+            store = store[:, rows]
         warm = store if store is not None and store.shape[:-3] == pot.batch_shape and store.dtype == pot.dtype \
             else None
         res = smoothed_lp(pot, eps, self.iters, messages=warm, tol=self.tol)
-        if rows is None:
+        if models is None and rows is None:
             self.messages = res.messages
         elif warm is not None:
-            self.messages[rows] = res.messages
+            self.messages[slice(None) if models is None else models, slice(None) if rows is None else rows] = \
+                res.messages
         return res.value
 
 
@@ -183,6 +203,10 @@ class SmoothedHinge:
         dtype: the precision of the objective (default float64: a 1e-3 certificate needs more than float32's
             line searches resolve). When it differs from the energy's, ``energy`` is a copy in ``dtype`` and
             ``write_back()`` casts the parameters into the original (``target``).
+
+    The objective, its gradient and the certificate are streamed over chunks of ``chunk_rows`` examples, so that
+    no [M, rows, E, K, K] block exceeds ``ROW_CHUNK_ELEMENTS`` elements (one chunk, the whole set, on every dataset
+    of the papers): memory does not grow with N x E x K^2, and the time stays linear in N.
     """
 
     def __init__(self, energy: Energy, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor,
@@ -216,8 +240,12 @@ class SmoothedHinge:
         with torch.no_grad():
             pot = energy(self.x[:1])
         self.y = pot.check_labels(y)
-        K = pot.num_states
-        self.m_u, self.m_p = one_hot_marginals(self.y, energy.graph, K, ref.dtype)  # [N, n, K], [N, E, K, K]
+        self.K = K = pot.num_states
+        per_row = M * max(energy.graph.edges.reshape(-1, 2).shape[0], y.shape[1]) * K * K
+        self.chunk_rows = max(1, min(len(y), ROW_CHUNK_ELEMENTS // per_row))
+        self._targets: tuple[torch.Tensor, torch.Tensor] | None = None  # m(y_i) of every example, when one chunk
+        if self.chunk_rows == len(y):
+            self._targets = self.targets(slice(None))
         self.delta = hamming_margin(self.y, K, margin_scale, ref.dtype)
         self.fixed_eps = eps is not None
         self.eps = torch.full_like(self.lam, float(eps) if self.fixed_eps else float(margin_scale))  # [M]
@@ -231,31 +259,57 @@ class SmoothedHinge:
         """lambda/2 |w|_R^2 [M]."""
         return 0.5 * self.lam * self._per_model([p.pow(2) * r for p, r in zip(self.params, self._reg_weight)])
 
-    def _score(self, U: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
-        """score(x_i, y_i) [M, N] of unary U [M, N, n, K] and pairwise P [M, N or 1, E, K, K] (shared by the
-        examples: one matmul, no [M, N, E, K, K] product)."""
-        pair, m_p = P.flatten(-3), self.m_p.flatten(-3)  # [M, N or 1, E K K], [N, E K K]
+    def targets(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """The one-hot marginals m(y_i) of examples ``rows``: unary [rows, n, K], pairwise [rows, E, K, K]."""
+        if self._targets is not None:
+            return self._targets
+        return one_hot_marginals(self.y[rows], self.energy.graph, self.K, self.params[0].dtype)
+
+    def chunks(self) -> list[slice]:
+        """The examples of each chunk of the streamed objective and certificate."""
+        N, c = len(self.y), self.chunk_rows
+        return [slice(i, min(i + c, N)) for i in range(0, N, c)]
+
+    def _score(self, U: torch.Tensor, P: torch.Tensor, rows: slice) -> torch.Tensor:
+        """score(x_i, y_i) [M, rows] of unary U [M, rows, n, K] and pairwise P [M, rows or 1, E, K, K] (shared by
+        the examples: one matmul, no [M, rows, E, K, K] product)."""
+        m_u, m_p = self.targets(rows)
+        pair, m_p = P.flatten(-3), m_p.flatten(-3)  # [M, rows or 1, E K K], [rows, E K K]
         pair = pair[:, 0] @ m_p.T if pair.shape[1] == 1 else (pair * m_p).sum(-1)
-        return (U * self.m_u).sum((-1, -2)) + pair
+        return (U * m_u).sum((-1, -2)) + pair
 
-    def _mean(self, per_example: torch.Tensor) -> torch.Tensor:
-        """(1/N_m) sum_i mask_mi t_mi [M] of per-example terms [M, N]."""
-        return (per_example * self.mask).sum(1) / self.count
+    def _sum(self, per_example: torch.Tensor, rows: slice) -> torch.Tensor:
+        """(1/N_m) sum_{i in rows} mask_mi t_mi [M] of per-example terms [M, rows]."""
+        return (per_example * self.mask[:, rows]).sum(1) / self.count
 
-    def objective(self) -> torch.Tensor:
-        """The smoothed objective [M] at the current eps (differentiable). Only the models in
-        ``self.evaluated`` [M] run the (costly) smoothed max; the others get their data term without it
-        (their values are placeholders: they are not moving)."""
-        U, P = lift_models(self.energy(self.x), self.num_models)
+    def _max_of(self, rows: slice, on: torch.Tensor | None) -> SmoothedMax:
+        """The smoothed max of examples ``rows`` of the models where ``on`` [M] (None: all)."""
+        smax, total = self.smoothed_max, len(self.y)
+        if hasattr(smax, "chunk") and self.chunk_rows < total:
+            return smax.chunk(rows, total, on)
+        return smax if on is None or not hasattr(smax, "subset") else smax.subset(on)
+
+    def objective(self) -> torch.Tensor | Iterator[torch.Tensor]:
+        """The smoothed objective [M] at the current eps (differentiable): one tensor, or, over several chunks of
+        examples, the terms that sum to it (``optim.ModelSlices.value_and_grad`` streams them). Only the models in
+        ``self.evaluated`` [M] run the (costly) smoothed max; the others get their data term without it (their
+        values are placeholders: they are not moving)."""
+        terms = self._terms()
+        return sum(terms) if self.chunk_rows == len(self.y) else terms
+
+    def _terms(self) -> Iterator[torch.Tensor]:
+        yield self.regularizer()
         on = self.evaluated
-        if bool(on.all()):
-            value = self.smoothed_max(Potentials(U + self.delta, P, self.energy.graph), self.eps[:, None])
-        else:
-            value = U.new_zeros(U.shape[:2])
-            smax = self.smoothed_max.subset(on) if hasattr(self.smoothed_max, "subset") else self.smoothed_max
-            some = smax(Potentials(U[on] + self.delta, P[on], self.energy.graph), self.eps[on, None])
-            value = value.index_put((on.nonzero()[:, 0],), some)
-        return self.regularizer() + self._mean(value - self._score(U, P))
+        every = bool(on.all())
+        for rows in self.chunks():
+            U, P = lift_models(self.energy(self.x[rows]), self.num_models)
+            smax = self._max_of(rows, None if every else on)
+            if every:
+                value = smax(Potentials(U + self.delta[rows], P, self.energy.graph), self.eps[:, None])
+            else:
+                some = smax(Potentials(U[on] + self.delta[rows], P[on], self.energy.graph), self.eps[on, None])
+                value = U.new_zeros(U.shape[:2]).index_put((on.nonzero()[:, 0],), some)
+            yield self._sum(value - self._score(U, P, rows), rows)
 
     def write_back(self) -> None:
         """Copy the parameters into ``target`` (the energy passed in) when the objective works on a copy."""
@@ -267,31 +321,43 @@ class SmoothedHinge:
     # ------------------------------------------------------------------ certificate
     def certify(self) -> GapInfo:
         """The duality gap [M] at the current parameters (``certificate``: raises on a negative or non-finite
-        one); sets ``self.last`` and ``self.smoothing``."""
-        graph = self.energy.graph
-        U, P = lift_models(self.energy(self.x), self.num_models)
-        Ud = U.detach().requires_grad_()
-        Pd = P.detach().expand(U.shape[0], U.shape[1], *P.shape[2:]).clone().requires_grad_()
-        aug = Potentials(Ud + self.delta, Pd, graph)
-        value = self.smoothed_max(aug, self.eps[:, None])
-        mu_u, mu_p = torch.autograd.grad(value.sum(), (Ud, Pd))
-        weight = self.mask / (self.lam * self.count)[:, None]
-        inner = (U * (self.m_u - mu_u)).sum((-1, -2)) + (P * (self.m_p - mu_p)).sum((-1, -2, -3))
-        grads = torch.autograd.grad((inner * weight).sum(), self.params, allow_unused=True)
+        one), streamed over the chunks of examples; sets ``self.last`` and ``self.smoothing``."""
+        grads, data, dual_lin, entropy = None, 0.0, 0.0, 0.0
+        for rows in self.chunks():
+            g, d, lin, h = self._certify_chunk(rows)
+            grads = g if grads is None else [a if b is None else a + b for a, b in zip(grads, g)]
+            data, dual_lin, entropy = data + d, dual_lin + lin, entropy + h
         with torch.no_grad():
             w_mu = self._per_model([g.pow(2) / r for g, r in zip(grads, self._reg_weight) if g is not None])
-            score = self._score(Ud, Pd)
+            primal = self.regularizer() + data
+            dual = dual_lin - 0.5 * self.lam * w_mu
+            self.last = certificate(primal, dual, self.tol, "lbfgs", primal.dtype)
+            self.smoothing = entropy
+        return self.last
+
+    def _certify_chunk(self, rows: slice) -> tuple[list[torch.Tensor | None], torch.Tensor, torch.Tensor,
+                                                   torch.Tensor]:
+        """Examples ``rows``' share of the certificate: lambda w(mu) summed over them (per parameter), and their
+        (1/N_m) sums [M] of the data term, of the dual's linear term and of eps H(mu_i)."""
+        graph, (m_u, m_p) = self.energy.graph, self.targets(rows)
+        U, P = lift_models(self.energy(self.x[rows]), self.num_models)
+        Ud = U.detach().requires_grad_()
+        Pd = P.detach().expand(U.shape[0], U.shape[1], *P.shape[2:]).clone().requires_grad_()
+        aug = Potentials(Ud + self.delta[rows], Pd, graph)
+        value = self._max_of(rows, None)(aug, self.eps[:, None])
+        mu_u, mu_p = torch.autograd.grad(value.sum(), (Ud, Pd))
+        weight = self.mask[:, rows] / (self.lam * self.count)[:, None]
+        inner = (U * (m_u - mu_u)).sum((-1, -2)) + (P * (m_p - mu_p)).sum((-1, -2, -3))
+        grads = torch.autograd.grad((inner * weight).sum(), self.params, allow_unused=True)
+        with torch.no_grad():
+            score = self._score(Ud, Pd, rows)
             entropy = value - (aug.unary * mu_u).sum((-1, -2)) - (Pd * mu_p).sum((-1, -2, -3))  # eps H(mu_i)
             if self.fixed_eps:  # <Delta, mu> + eps H(mu) = smoothed value - <theta, mu>
-                data, dual_lin = value - score, (self.delta * mu_u).sum((-1, -2)) + entropy
+                data, dual_lin = value - score, (self.delta[rows] * mu_u).sum((-1, -2)) + entropy
             else:
                 top = value if self.exact_max is None else self.exact_max(aug)
-                data, dual_lin = top - score, (self.delta * mu_u).sum((-1, -2))
-            primal = self.regularizer() + self._mean(data)
-            dual = self._mean(dual_lin) - 0.5 * self.lam * w_mu
-            self.last = certificate(primal, dual, self.tol, "lbfgs", primal.dtype)
-            self.smoothing = self._mean(entropy)
-        return self.last
+                data, dual_lin = top - score, (self.delta[rows] * mu_u).sum((-1, -2))
+            return list(grads), self._sum(data, rows), self._sum(dual_lin, rows), self._sum(entropy, rows)
 
     def _per_model(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         """sum over each model's coordinates [M] of tensors with (or without) a leading [M] dim."""

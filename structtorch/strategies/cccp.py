@@ -22,10 +22,12 @@ is then retrained on every row (the learner's ``refit_forest``), in the same epo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from ..optim import terms
 from ..progress import out_of_time, share_deadline, until
 from ..solvers import BatchedFISTA, LPSmoothedMax, SmoothedHinge, SmoothedLBFGS
 from ..structure import cccp_linearization, circuit_rank, circuit_rank_penalty, max_spanning_tree
@@ -96,9 +98,10 @@ class CCCP(Strategy):
         beta = self.learner.beta.expand(self.learner.hparams.restarts)
         return [beta if p is self.energy.edge_weight else None for p in self.loss.params]
 
-    def smooth_part(self) -> torch.Tensor:
-        """The smooth part of h_t [R]: l(w) - beta v^T w_pair."""
-        return self.loss.objective() - self.learner.beta * (self.v * self.energy.edge_weight).sum(1)
+    def smooth_part(self) -> Iterator[torch.Tensor]:
+        """The smooth part of h_t [R], l(w) - beta v^T w_pair, as terms (l's streamed over its chunks of rows)."""
+        yield from terms(self.loss.objective())
+        yield -self.learner.beta * (self.v * self.energy.edge_weight).sum(1)
 
     def objective(self) -> torch.Tensor:
         """l(w) + beta f(|w_pair|) [R] (what CCCP decreases) at FISTA's iterate, no gradient: l is recovered from
