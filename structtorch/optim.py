@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 from .graph import check_int
-from .progress import tick
+from .progress import OutOfTime, tick
 
 __all__ = ["BatchedLBFGS", "ModelSlices", "Objective", "backtrack", "minimize", "terms"]
 
@@ -150,7 +150,11 @@ class BatchedLBFGS:
             self.slices.set(X0 + t[:, None] * d)
             return self._evaluate()
 
-        t, (f, G) = backtrack(at, f0, slope, t, max_backtracks)
+        try:
+            t, (f, G) = backtrack(at, f0, slope, t, max_backtracks)
+        except OutOfTime:  # a streamed evaluation stopped by the time budget: back to the step's start
+            self.slices.set(X0)
+            raise
         s, y = t[:, None] * d, G - g
         sy, yy = (s * y).sum(1), (y * y).sum(1)
         valid = (t > 0) & (sy > 1e-10 * yy)

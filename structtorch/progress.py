@@ -22,7 +22,8 @@ from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-__all__ = ["EVERY_S", "budget_share", "out_of_time", "phase", "share_deadline", "tick", "time_budget", "until"]
+__all__ = ["EVERY_S", "OutOfTime", "budget_share", "out_of_time", "phase", "share_deadline", "tick", "time_budget",
+           "until"]
 
 EVERY_S = 15.0  #: seconds between two progress lines of a phase, at least
 log = logging.getLogger("structtorch.progress")
@@ -37,6 +38,11 @@ class _Phase:
 
 _CURRENT: ContextVar[_Phase | None] = ContextVar("structtorch_progress_phase", default=None)
 _DEADLINE: ContextVar[float | None] = ContextVar("structtorch_deadline", default=None)  # time.monotonic() value
+
+
+class OutOfTime(Exception):
+    """Raised inside a long interruptible computation (a streamed objective) once the running budget is spent;
+    the loop that started it catches it and keeps its last completed step."""
 
 
 @contextmanager

@@ -38,7 +38,7 @@ from ..inference import smoothed_lp, tree_logz, tree_map
 from ..losses import hamming_margin
 from ..optim import BatchedLBFGS
 from ..potentials import Potentials
-from ..progress import out_of_time, tick
+from ..progress import OutOfTime, out_of_time, tick
 from ..structure.circuit_rank import circuit_rank
 from ..structure.spanning import max_spanning_tree
 from .bcfw import check_lam, check_mask, lift_models, one_hot_marginals
@@ -206,7 +206,9 @@ class SmoothedHinge:
 
     The objective, its gradient and the certificate are streamed over chunks of ``chunk_rows`` examples, so that
     no [M, rows, E, K, K] block exceeds ``ROW_CHUNK_ELEMENTS`` elements (one chunk, the whole set, on every dataset
-    of the papers): memory does not grow with N x E x K^2, and the time stays linear in N.
+    of the papers): memory does not grow with N x E x K^2, and the time stays linear in N. Within ``SmoothedLBFGS.run``
+    a streamed evaluation stops between chunks once the run's time budget is spent (``OutOfTime``; the step is
+    dropped), so one long pass does not run far past the budget.
     """
 
     def __init__(self, energy: Energy, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor,
@@ -244,6 +246,7 @@ class SmoothedHinge:
         per_row = M * max(energy.graph.edges.reshape(-1, 2).shape[0], y.shape[1]) * K * K
         self.chunk_rows = max(1, min(len(y), ROW_CHUNK_ELEMENTS // per_row))
         self._targets: tuple[torch.Tensor, torch.Tensor] | None = None  # m(y_i) of every example, when one chunk
+        self.interruptible = False  # True: a streamed objective stops between chunks once the time budget is spent
         if self.chunk_rows == len(y):
             self._targets = self.targets(slice(None))
         self.delta = hamming_margin(self.y, K, margin_scale, ref.dtype)
@@ -301,7 +304,9 @@ class SmoothedHinge:
         yield self.regularizer()
         on = self.evaluated
         every = bool(on.all())
-        for rows in self.chunks():
+        for k, rows in enumerate(self.chunks()):
+            if k and self.interruptible and out_of_time():
+                raise OutOfTime(f"the time budget was spent after {k} of {len(self.chunks())} chunks of examples")
             U, P = lift_models(self.energy(self.x[rows]), self.num_models)
             smax = self._max_of(rows, None if every else on)
             if every:
@@ -390,6 +395,7 @@ class SmoothedLBFGS(SmoothedHinge):
         if not torch.equal(active, self.evaluated):  # certified models drop out of the evaluations
             self.evaluated = active.clone()
             self.opt.refresh()
+        self.interruptible = True
         try:
             for _ in range(iterations):
                 if not bool(active.any()):
@@ -398,7 +404,10 @@ class SmoothedLBFGS(SmoothedHinge):
                 self.iterations += 1
                 if not tick(self.iterations, self.until, "L-BFGS iterations", self._gap_note):
                     break  # the run's time budget is spent
+        except OutOfTime:  # within a streamed evaluation: the step was dropped, the parameters are its start
+            pass
         finally:  # also when interrupted (Ctrl-C): the energy holds the iterations done
+            self.interruptible = False
             self.write_back()
 
     def certify(self) -> GapInfo:
