@@ -36,7 +36,8 @@ __all__ = ["CRANK", "MAX_EDGE_ROWS", "Project"]
 log = logging.getLogger(__name__)
 
 #: restarts x search rows x candidate edges of one smoothed-LP evaluation of CRANK's search at most: bounds its
-#: memory (about 290 bytes each: 1.2 GB) and time (measured: about 45 s on the 2-core CPU at 300 sweeps)
+#: memory (about 290 bytes each: 1.2 GB) and time (about 45 s on the 2-core CPU at 300 sweeps, from the fused
+#: kernel's measured 10,000 problems x 139 edges in 14.7 s)
 MAX_EDGE_ROWS = 2**22
 
 
