@@ -81,12 +81,12 @@ class BatchedLBFGS:
 
     Args:
         params: leaf tensors requiring grad, updated in place.
-        objective: closure recomputing the [M] values from ``params``.
+        objective: closure recomputing the [M] values from ``params`` (a tensor, or streamed terms: ``Objective``).
         num_models: M, or None (parameters without a model dim).
         history_size: curvature pairs kept per model.
     """
 
-    def __init__(self, params: list[torch.Tensor], objective: Callable[[], torch.Tensor],
+    def __init__(self, params: list[torch.Tensor], objective: Callable[[], Objective],
                  num_models: int | None = None, history_size: int = 20) -> None:
         if not params or any(not (isinstance(p, torch.Tensor) and p.requires_grad and p.is_leaf) for p in params):
             raise TypeError("params must be a non-empty list of leaf tensors with requires_grad=True")

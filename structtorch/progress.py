@@ -61,7 +61,7 @@ def share_deadline(fraction: float) -> float | None:
     """The ``time.monotonic()`` by which ``fraction`` of the time left of the running ``time_budget`` is spent
     (None: no budget), for a phase that spans several calls (``until``) and leaves the rest to what follows it."""
     if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"budget_share: fraction must lie in (0, 1], got {fraction}")
+        raise ValueError(f"share_deadline: fraction must lie in (0, 1], got {fraction}")
     deadline = _DEADLINE.get()
     now = time.monotonic()
     return None if deadline is None else now + fraction * max(0.0, deadline - now)

@@ -371,7 +371,8 @@ def _solver_row(solver: dict[str, Any]) -> str:
         met = "met" if solver["converged"] else f"NOT met (stopped at {_cap(solver)})"
         refit = solver.get("refit")
         if refit:  # CRANK searched on a row subset, then retrained its forest on every row
-            met = (f"{'met' if solver['converged'] else 'NOT met (stopped at its share of trainer.time_budget)'}; "
+            cause = {"time share": "its share of trainer.time_budget"}.get(refit.get("after"), "trainer.max_epochs")
+            met = (f"{'met' if solver['converged'] else f'NOT met (stopped at {cause})'}; "
                    f"its forest retrained on all {refit['rows']} rows: duality gap {refit['relative_gap']:.1e}, "
                    f"{'certified' if refit['converged'] else 'NOT certified'}")
         return f"{'stopping rule':<22} {met}   ({solver['solver']}, {epochs})"

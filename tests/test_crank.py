@@ -202,6 +202,33 @@ def test_crank_search_out_of_its_time_share_retrains_the_spanning_forest_of_its_
     assert model.graph.is_forest
 
 
+def test_crank_iteration_after_its_search_share_took_no_step_and_changes_no_schedule(small):
+    """A CCCP iteration that starts once the search's time share is spent takes no FISTA step: it must not read the
+    unchanged objective as a stall (beta would grow, or CCCP would claim its stopping rule); it only retrains the
+    forest on every row, saying that the time share stopped the search."""
+    import time
+
+    model = CRANK(small.num_features, small.num_labels, search_rows=150, **CRANK_KWARGS)
+    original, betas = model.strategy.iteration, []
+
+    def iteration():
+        if len(betas) == 2:
+            model.strategy.search_deadline = time.monotonic() - 1.0
+        betas.append(float(model.beta))
+        return original()
+
+    model.strategy.iteration = iteration
+    steps = []
+    trainer = L.Trainer(accelerator="cpu", max_epochs=60, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False,
+                        callbacks=[L.pytorch.callbacks.LambdaCallback(
+                            on_train_epoch_end=lambda *_: steps.append(model.strategy.fista.iterations))])
+    trainer.fit(model, datamodule=small)
+    report = model.strategy.report()
+    assert report["outer_iterations"] == 3 and steps[2] == steps[1] and not report["converged"]
+    assert report["refit"]["after"] == "time share" and float(model.beta) == betas[2] and model.graph.is_forest
+
+
 def test_crank_search_rows_are_capped_by_its_smoothed_lp_size(small, monkeypatch):
     """restarts x search rows x candidate edges stay within MAX_EDGE_ROWS (delicious: 10 x 11,628 rows x 7,588
     edges asked for 237 GiB), whatever model.search_rows says."""

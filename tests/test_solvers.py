@@ -452,20 +452,16 @@ class RecordingMax:
 
 
 def streamed_case(kind: str):
-    """(energy factory, x, y, SmoothedLBFGS keyword args, mask) of each kind of objective the solvers stream."""
+    """(energy factory, x, y, factory of SmoothedLBFGS keyword args, mask) of each kind of objective the solvers
+    stream (a fresh smoothed max per solver: the LP's messages are its own)."""
     x, y = chain_problem(N=70)
     n = y.shape[1]
-    if kind == "tree":
-        return lambda: FinleyJoachimsEnergy(6, n, Graph.chain(n), num_models=2).double(), x, y, {}, None
-    if kind == "lp":  # loopy: the smoothed LP, warm-started chunk by chunk
-        return (lambda: FinleyJoachimsEnergy(6, n, Graph.complete(n), num_models=2).double(), x, y,
-                {"smoothed_max": LPSmoothedMax(300, tol=1e-9)}, None)
-    if kind == "crf":  # fixed eps: the likelihood and its entropy dual
-        return (lambda: FinleyJoachimsEnergy(6, n, Graph.chain(n), num_models=2).double(), x, y,
-                {"margin_scale": 0.0, "eps": 1.0}, None)
+    graph = Graph.complete(n) if kind == "lp" else Graph.chain(n)  # lp, loopy: the smoothed LP, chunk by chunk
+    kwargs = {"lp": lambda: {"smoothed_max": LPSmoothedMax(300, tol=1e-9)},
+              "crf": lambda: {"margin_scale": 0.0, "eps": 1.0}}.get(kind, dict)  # crf: the likelihood, entropy dual
     fold = torch.arange(70) % 3 != 0  # "folds": CV masks
-    return (lambda: FinleyJoachimsEnergy(6, n, Graph.chain(n), num_models=2).double(), x, y, {},
-            torch.stack([fold, ~fold]))
+    mask = torch.stack([fold, ~fold]) if kind == "folds" else None
+    return lambda: FinleyJoachimsEnergy(6, n, graph, num_models=2).double(), x, y, kwargs, mask
 
 
 @pytest.mark.parametrize("kind", ["tree", "lp", "crf", "folds"])
@@ -479,11 +475,11 @@ def test_a_streamed_objective_and_certificate_equal_the_whole_batch(kind, monkey
 
     make, x, y, kwargs, mask = streamed_case(kind)
     whole = SmoothedLBFGS(make(), x, y, torch.tensor([0.1, 0.03], dtype=torch.float64), mask=mask, tol=1e-4,
-                          **kwargs)
+                          **kwargs())
     per_row = 2 * max(whole.energy.graph.num_edges, 5) * 4  # M x max(E, n) x K^2
     monkeypatch.setattr(smoothing, "ROW_CHUNK_ELEMENTS", 16 * per_row + per_row // 2)  # 16 rows a chunk
     streamed = SmoothedLBFGS(make(), x, y, torch.tensor([0.1, 0.03], dtype=torch.float64), mask=mask, tol=1e-4,
-                             **kwargs)
+                             **kwargs())
     assert whole.chunk_rows == 70 and streamed.chunk_rows == 16 and len(streamed.chunks()) == 5
     for solver in (whole, streamed):
         with torch.no_grad():

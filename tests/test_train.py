@@ -580,9 +580,13 @@ def test_the_console_says_whether_the_run_is_certified():
     cccp = {"solver": "cccp", "converged": False, "epochs": 60}
     assert "stopping rule" in format_metrics(base | {"solver": cccp}) and "NOT met" in format_metrics(
         base | {"solver": cccp})
-    refit = cccp | {"refit": {"rows": 19367, "relative_gap": 4e-4, "converged": True, "tol": 1e-3}}
-    assert "its forest retrained on all 19367 rows: duality gap 4.0e-04, certified" in format_metrics(
-        base | {"solver": refit})
+    refit = cccp | {"refit": {"rows": 19367, "relative_gap": 4e-4, "converged": True, "tol": 1e-3,
+                              "after": "time share"}}
+    line = format_metrics(base | {"solver": refit})
+    assert "NOT met (stopped at its share of trainer.time_budget); its forest retrained on all 19367 rows: duality " \
+           "gap 4.0e-04, certified" in line
+    capped = refit | {"refit": refit["refit"] | {"after": "max_epochs"}}
+    assert "NOT met (stopped at trainer.max_epochs); its forest" in format_metrics(base | {"solver": capped})
 
 
 SOLVER_RUNS = {  # one tiny run per kind of solver, capped at 1 epoch: (overrides, the console's last line)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..optim import ModelSlices
+from ..optim import ModelSlices, Objective
 from ..progress import tick
 
 __all__ = ["BatchedFISTA"]
@@ -26,12 +26,12 @@ class BatchedFISTA:
 
     Args:
         params: leaf tensors [M, ...], updated in place.
-        smooth: closure returning f [M] at the current ``params`` (differentiable).
+        smooth: closure returning f [M] at the current ``params`` (differentiable; or streamed terms, ``Objective``).
         l1: one entry per parameter: None (no l1 term) or the weights c [M] (same for the whole
             parameter block) or c [M, ...] (per coordinate, the parameter's shape).
     """
 
-    def __init__(self, params: list[torch.Tensor], smooth: Callable[[], torch.Tensor],
+    def __init__(self, params: list[torch.Tensor], smooth: Callable[[], Objective],
                  l1: list[torch.Tensor | None]) -> None:
         if len(l1) != len(params):
             raise ValueError(f"l1 needs one entry per parameter ({len(params)}), got {len(l1)}")

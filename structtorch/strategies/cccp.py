@@ -22,12 +22,12 @@ is then retrained on every row (the learner's ``refit_forest``), in the same epo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from itertools import chain
 from typing import Any
 
 import torch
 
-from ..optim import terms
+from ..optim import Objective
 from ..progress import out_of_time, share_deadline, until
 from ..solvers import BatchedFISTA, LPSmoothedMax, SmoothedHinge, SmoothedLBFGS
 from ..structure import cccp_linearization, circuit_rank, circuit_rank_penalty, max_spanning_tree
@@ -98,10 +98,11 @@ class CCCP(Strategy):
         beta = self.learner.beta.expand(self.learner.hparams.restarts)
         return [beta if p is self.energy.edge_weight else None for p in self.loss.params]
 
-    def smooth_part(self) -> Iterator[torch.Tensor]:
-        """The smooth part of h_t [R], l(w) - beta v^T w_pair, as terms (l's streamed over its chunks of rows)."""
-        yield from terms(self.loss.objective())
-        yield -self.learner.beta * (self.v * self.energy.edge_weight).sum(1)
+    def smooth_part(self) -> Objective:
+        """The smooth part of h_t [R], l(w) - beta v^T w_pair: one tensor, or terms where l is streamed over chunks
+        of rows."""
+        loss, linear = self.loss.objective(), self.learner.beta * (self.v * self.energy.edge_weight).sum(1)
+        return loss - linear if isinstance(loss, torch.Tensor) else chain(loss, [-linear])
 
     def objective(self) -> torch.Tensor:
         """l(w) + beta f(|w_pair|) [R] (what CCCP decreases) at FISTA's iterate, no gradient: l is recovered from
@@ -116,9 +117,11 @@ class CCCP(Strategy):
         learner, hp, graph = self.learner, self.learner.hparams, self.energy.graph
         self.v = cccp_linearization(self.energy.edge_weight.detach(), graph)  # step 1, Prop. 4.3
         self.fista.set_l1(self.l1_weights())
+        steps = self.fista.iterations
         with until(self.search_deadline):
             self.fista.run(hp.inner_iters)  # step 2: minimise h_t
             searched = out_of_time()
+        moved = self.fista.iterations > steps  # none: the budget was spent before this iteration's first step
         h = self.objective()
         support = self.energy.edge_weight.detach() != 0
         rank = circuit_rank(support, graph)
@@ -126,7 +129,7 @@ class CCCP(Strategy):
         stalled = (learner.last_objective - h) <= hp.cccp_tol * h.abs()
         learner.last_objective = h.clone()
         self.outer_iterations += 1
-        if bool(stalled.all()):  # step 3
+        if moved and bool(stalled.all()):  # step 3
             if bool(forest.all()):
                 self.done = True
             else:
@@ -135,10 +138,11 @@ class CCCP(Strategy):
         b = int((torch.where(forest, h, float("inf")) if bool(forest.any()) else h).argmin())  # forests first
         learner.best.fill_(b)
         learner.use_restart(b, support[b] if bool(forest[b]) else None)
-        if self.all_rows is not None and (self.done or searched or self.last_epoch()):
+        ended = "stationary" if self.done else "time share" if searched else "max_epochs" if self.last_epoch() else ""
+        if self.all_rows is not None and ended:
             tree = support[b] if bool(forest[b]) else max_spanning_tree(self.energy.edge_weight[b].detach().abs(),
                                                                         graph) & support[b]
-            self.refit = learner.refit_forest(*self.all_rows, tree.cpu())
+            self.refit = learner.refit_forest(*self.all_rows, tree.cpu()) | {"after": ended}
         stats = {"train/objective": float(h[b]), "train/beta": float(learner.beta),
                  "train/circuit_rank": float(rank[b]), "train/nonzero_edges": float(support[b].sum()),
                  "train/forests": float(forest.sum())}
@@ -176,6 +180,9 @@ class CCCP(Strategy):
 
     def warning(self) -> str | None:
         learner = self.learner
+        if self.all_rows is not None and self.refit is None:  # stopped by another limit (max_time, max_steps, ...)
+            return (f"{type(learner).__name__} stopped before its search on {len(self.loss.y)} of the "
+                    f"{len(self.all_rows[1])} training rows ended: its forest was not retrained on every row")
         if learner.graph.is_forest:
             return None
         return (f"{type(learner).__name__} stopped at {learner.training_cap()} before its support was a forest "
