@@ -12,7 +12,7 @@ import torch
 from .graph import check_int
 from .progress import OutOfTime, tick
 
-__all__ = ["BatchedLBFGS", "ModelSlices", "Objective", "backtrack", "minimize", "terms"]
+__all__ = ["BatchedLBFGS", "ModelSlices", "Objective", "backtrack", "minimize"]
 
 #: an objective's value [M]: one differentiable tensor, or (streamed) the terms that sum to it
 Objective = torch.Tensor | Iterable[torch.Tensor]
@@ -58,7 +58,7 @@ class ModelSlices:
         terms [M]) is summed term by term, each term's graph freed before the next is built."""
         value, grad = None, None
         with torch.enable_grad():
-            for term in terms(objective()):
+            for term in _terms(objective()):
                 term = term.reshape(self.M)
                 grads = torch.autograd.grad(term.sum(), self.params, allow_unused=True)
                 flat = torch.cat([term.new_zeros(self.M, n) if g is None else g.reshape(self.M, -1)
@@ -67,7 +67,7 @@ class ModelSlices:
         return value, grad
 
 
-def terms(objective: Objective) -> Iterator[torch.Tensor]:
+def _terms(objective: Objective) -> Iterator[torch.Tensor]:
     """The terms [M] of an objective's value: the value itself, or those a streamed objective yields."""
     return iter([objective]) if isinstance(objective, torch.Tensor) else iter(objective)
 

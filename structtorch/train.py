@@ -368,13 +368,13 @@ def _solver_row(solver: dict[str, Any]) -> str:
         return (f"{'duality gap':<22} {_worst(solver['relative_gap']):8.1e}   ({solver['solver']}, "
                 f"tol {solver['tol']:g}, {epochs}): {verdict}")
     if "converged" in solver:
-        met = "met" if solver["converged"] else f"NOT met (stopped at {_cap(solver)})"
-        refit = solver.get("refit")
-        if refit:  # CRANK searched on a row subset, then retrained its forest on every row
-            cause = {"time share": "its share of trainer.time_budget"}.get(refit.get("after"), "trainer.max_epochs")
-            met = (f"{'met' if solver['converged'] else f'NOT met (stopped at {cause})'}; "
-                   f"its forest retrained on all {refit['rows']} rows: duality gap {refit['relative_gap']:.1e}, "
-                   f"{'certified' if refit['converged'] else 'NOT certified'}")
+        refit = solver.get("refit")  # CRANK searched on a row subset, then retrained its forest on every row
+        share = refit is not None and refit.get("after") == "time share"
+        met = "met" if solver["converged"] else \
+            f"NOT met (stopped at {'its share of trainer.time_budget' if share else _cap(solver)})"
+        if refit:
+            met += (f"; its forest retrained on all {refit['rows']} rows: duality gap {refit['relative_gap']:.1e}, "
+                    f"{'certified' if refit['converged'] else 'NOT certified'}")
         return f"{'stopping rule':<22} {met}   ({solver['solver']}, {epochs})"
     return f"{'training':<22} {solver['solver']}, {epochs}: no certificate or stopping rule (runs trainer.max_epochs)"
 

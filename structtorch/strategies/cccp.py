@@ -137,12 +137,14 @@ class CCCP(Strategy):
                 learner.last_objective.fill_(float("inf"))
         b = int((torch.where(forest, h, float("inf")) if bool(forest.any()) else h).argmin())  # forests first
         learner.best.fill_(b)
-        learner.use_restart(b, support[b] if bool(forest[b]) else None)
+        tree = support[b] if bool(forest[b]) else None
         ended = "stationary" if self.done else "time share" if searched else "max_epochs" if self.last_epoch() else ""
-        if self.all_rows is not None and ended:
-            tree = support[b] if bool(forest[b]) else max_spanning_tree(self.energy.edge_weight[b].detach().abs(),
-                                                                        graph) & support[b]
+        if self.all_rows is not None and ended:  # the search's forest, retrained on every row, predicts
+            if tree is None:
+                tree = max_spanning_tree(self.energy.edge_weight[b].detach().abs(), graph) & support[b]
             self.refit = learner.refit_forest(*self.all_rows, tree.cpu()) | {"after": ended}
+        else:
+            learner.use_restart(b, tree)
         stats = {"train/objective": float(h[b]), "train/beta": float(learner.beta),
                  "train/circuit_rank": float(rank[b]), "train/nonzero_edges": float(support[b].sum()),
                  "train/forests": float(forest.sum())}

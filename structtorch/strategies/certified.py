@@ -63,7 +63,8 @@ class Certified(Strategy):
         return report | {"tol": self.learner.hparams.tol}
 
     def certify(self) -> GapInfo:
-        raise NotImplementedError
+        """The certificate of the current weights: the solver's last one while it is current, else a new one."""
+        return self.solver.last if self.solver.last is not None else self.solver.certify()
 
     def train_end(self) -> None:
         """A run stopped before its first exact certificate, or that stepped after its last one, gets one now (of
@@ -142,12 +143,9 @@ class LBFGSStrategy(Certified):
             self.step_counter()
 
     def epoch_end(self) -> bool:
-        info = self.solver.last if self.solver.last is not None else self.solver.certify()
+        info = self.certify()
         self.learner.log("train/eps", self.solver.eps.max())
         return self.log_certificate(info)
-
-    def certify(self) -> GapInfo:
-        return self.solver.last if self.solver.last is not None else self.solver.certify()
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.name, "eps": self.solver.eps.tolist(), "iterations": self.solver.iterations}
@@ -189,9 +187,6 @@ class DCDStrategy(Certified):
 
     def epoch_end(self) -> bool:
         return self.log_certificate(self.certify())
-
-    def certify(self) -> GapInfo:
-        return self.solver.last if self.solver.last is not None else self.solver.certify()
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.name, **self.solver.state_dict()}
