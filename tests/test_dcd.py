@@ -57,7 +57,7 @@ def test_kernel_equals_plain_python_coordinate_steps(n, D):
     assert float(alpha.min()) >= 0.0 and float(alpha.max()) <= 0.7
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=15, deadline=None, derandomize=True)
 @given(N=st.integers(2, 14), D=st.integers(1, 4), n=st.integers(1, 3), lam=st.floats(0.05, 3.0),
        rho=st.sampled_from([1.0, 0.1]), seed=st.integers(0, 10_000))
 def test_certified_optimum_equals_bcfw_s_and_the_gap_is_never_negative(N, D, n, lam, rho, seed):
