@@ -99,9 +99,15 @@ def run_cell(kind: str, name: str, data: str, work: Path, timeout: float) -> dic
     if kind == "peer":
         result = json.loads((run_dir / "peer.json").read_text())
         return {**row, **{k: result[k] for k in SCORES}, "train s": round(result["train_seconds"], 1),
-                "note": f"C {result['C']:g} by 3-fold CV ({result['cv']})"}
+                "note": f"C {result['C']:g} by 3-fold CV{peer_sample(result)} ({result['cv']})"}
     return {**row, **structtorch_cells(json.loads((run_dir / "metrics.json").read_text())),
             "note": f"wall {wall:.0f} s"}
+
+
+def peer_sample(result: dict) -> str:
+    """' on k labels' where the peer's CV scored a sample of the labels."""
+    k, n = result["cv_labels"], result["num_labels"]
+    return f" on {k} of {n} labels" if k < n else ""
 
 
 def failure_line(run_dir: Path) -> str:

@@ -210,6 +210,20 @@ def test_pos_inf_potentials_rejected(which):
         Potentials(**chain_pot(**{which: t}))
 
 
+@pytest.mark.parametrize("which", ["unary", "pairwise"])
+def test_pos_inf_beside_neg_inf_rejected(which):
+    """+inf and -inf together sum to NaN: the check that reads the sum must still name +inf."""
+    t = chain_pot()[which].clone()
+    t.view(-1)[0], t.view(-1)[-1] = NEG_INF, float("inf")
+    with pytest.raises(ValueError, match=r"\+inf"):
+        Potentials(**chain_pot(**{which: t}))
+
+
+def test_finite_potentials_whose_sum_overflows_accepted():
+    u = torch.full((2, 3, 2), 3e38)  # float32: every entry finite, their sum +inf
+    Potentials(**chain_pot(unary=u))
+
+
 def test_neg_inf_potentials_accepted():
     u = torch.full((2, 3, 2), NEG_INF)
     Potentials(**chain_pot(unary=u))

@@ -41,7 +41,7 @@ from ..potentials import Potentials
 from ..progress import OutOfTime, out_of_time, tick
 from ..structure.circuit_rank import circuit_rank
 from ..structure.spanning import max_spanning_tree
-from .bcfw import check_lam, check_mask, lift_models, one_hot_marginals
+from .bcfw import check_lam, check_mask, lift_models
 from .certificate import GapInfo, certificate
 
 __all__ = ["ForestSmoothedMax", "LPSmoothedMax", "SmoothedHinge", "SmoothedLBFGS", "SmoothedMax",
@@ -243,12 +243,11 @@ class SmoothedHinge:
             pot = energy(self.x[:1])
         self.y = pot.check_labels(y)
         self.K = K = pot.num_states
+        self.y_small = self.y.to(torch.int16 if K * K <= 2**15 else torch.long)  # y_a K + y_b fits
         per_row = M * max(energy.graph.edges.reshape(-1, 2).shape[0], y.shape[1]) * K * K
         self.chunk_rows = max(1, min(len(y), ROW_CHUNK_ELEMENTS // per_row))
-        self._targets: tuple[torch.Tensor, torch.Tensor] | None = None  # m(y_i) of every example, when one chunk
+        self.edges = energy.graph.edges.reshape(-1, 2).to(ref.device)
         self.interruptible = False  # True: a streamed objective stops between chunks once the time budget is spent
-        if self.chunk_rows == len(y):
-            self._targets = self.targets(slice(None))
         self.delta = hamming_margin(self.y, K, margin_scale, ref.dtype)
         self.fixed_eps = eps is not None
         self.eps = torch.full_like(self.lam, float(eps) if self.fixed_eps else float(margin_scale))  # [M]
@@ -262,12 +261,6 @@ class SmoothedHinge:
         """lambda/2 |w|_R^2 [M]."""
         return 0.5 * self.lam * self._per_model([p.pow(2) * r for p, r in zip(self.params, self._reg_weight)])
 
-    def targets(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """The one-hot marginals m(y_i) of examples ``rows``: unary [rows, n, K], pairwise [rows, E, K, K]."""
-        if self._targets is not None:
-            return self._targets
-        return one_hot_marginals(self.y[rows], self.energy.graph, self.K, self.params[0].dtype)
-
     def chunks(self) -> list[slice]:
         """The examples of each chunk of the streamed objective and certificate."""
         N, c = len(self.y), self.chunk_rows
@@ -275,11 +268,15 @@ class SmoothedHinge:
 
     def _score(self, U: torch.Tensor, P: torch.Tensor, rows: slice) -> torch.Tensor:
         """score(x_i, y_i) [M, rows] of unary U [M, rows, n, K] and pairwise P [M, rows or 1, E, K, K] (shared by
-        the examples: one matmul, no [M, rows, E, K, K] product)."""
-        m_u, m_p = self.targets(rows)
-        pair, m_p = P.flatten(-3), m_p.flatten(-3)  # [M, rows or 1, E K K], [rows, E K K]
-        pair = pair[:, 0] @ m_p.T if pair.shape[1] == 1 else (pair * m_p).sum(-1)
-        return (U * m_u).sum((-1, -2)) + pair
+        the examples), by indexing: no one-hot m(y_i) and no [M, rows, E, K, K] product or gradient."""
+        y, small, edges, K = self.y[rows], self.y_small[rows], self.edges, self.K
+        M, E = U.shape[0], edges.shape[0]
+        unary = U.gather(-1, y.expand(M, *y.shape).unsqueeze(-1)).squeeze(-1).sum(-1)
+        # [rows, E]: the entry (y_a, y_b) of each edge's table (index_select on int16: 4x faster than on int64)
+        state = (small.index_select(1, edges[:, 0]) * K + small.index_select(1, edges[:, 1])).long()
+        if P.shape[1] == 1:  # shared tables: index [M, E K K] (its gradient is E K K numbers, not rows of them)
+            return unary + P.reshape(M, E * K * K)[:, torch.arange(E, device=y.device) * K * K + state].sum(-1)
+        return unary + P.flatten(-2).gather(-1, state.expand(M, *state.shape).unsqueeze(-1)).squeeze(-1).sum(-1)
 
     def _sum(self, per_example: torch.Tensor, rows: slice) -> torch.Tensor:
         """(1/N_m) sum_{i in rows} mask_mi t_mi [M] of per-example terms [M, rows]."""
@@ -344,7 +341,7 @@ class SmoothedHinge:
                                                    torch.Tensor]:
         """Examples ``rows``' share of the certificate: lambda w(mu) summed over them (per parameter), and their
         (1/N_m) sums [M] of the data term, of the dual's linear term and of eps H(mu_i)."""
-        graph, (m_u, m_p) = self.energy.graph, self.targets(rows)
+        graph = self.energy.graph
         U, P = lift_models(self.energy(self.x[rows]), self.num_models)
         Ud = U.detach().requires_grad_()
         Pd = P.detach().expand(U.shape[0], U.shape[1], *P.shape[2:]).clone().requires_grad_()
@@ -352,7 +349,8 @@ class SmoothedHinge:
         value = self._max_of(rows, None)(aug, self.eps[:, None])
         mu_u, mu_p = torch.autograd.grad(value.sum(), (Ud, Pd))
         weight = self.mask[:, rows] / (self.lam * self.count)[:, None]
-        inner = (U * (m_u - mu_u)).sum((-1, -2)) + (P * (m_p - mu_p)).sum((-1, -2, -3))
+        # <theta, m(y_i) - mu_i>
+        inner = self._score(U, P, rows) - (U * mu_u).sum((-1, -2)) - (P * mu_p).sum((-1, -2, -3))
         grads = torch.autograd.grad((inner * weight).sum(), self.params, allow_unused=True)
         with torch.no_grad():
             score = self._score(Ud, Pd, rows)
