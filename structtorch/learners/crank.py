@@ -113,12 +113,19 @@ class CRANK(Full):
     def refit_forest(self, x: torch.Tensor, y: torch.Tensor, forest: torch.Tensor) -> dict[str, Any]:
         """The M3N on ``forest`` (bool [E] over the candidate graph) trained on x [N, D], y [N, n] to its
         certificate (``train_forests``) becomes the predictor; returns that certificate."""
-        hp = self.hparams
-        with phase(f"{type(self).__name__}: its forest of {int(forest.sum())} edges retrained on {len(x)} rows"):
-            solver = train_forests(x.cpu().to(torch.float64), y.cpu(), forest[None].cpu(), self.l2_grid[0],
-                                   self.bias_reg, hp.tol, hp.margin_scale, spin=self.spin,
-                                   graph=self.restart_energy.graph)
-        self.use_restart(0, forest, solver.energy)
+        hp, graph, forest = self.hparams, self.restart_energy.graph, forest.cpu()
+        own = Graph.from_mask(forest, graph)  # trained on its own edges: no masked candidate edges in the passes
+        with phase(f"{type(self).__name__}: its forest of {own.num_edges} edges retrained on {len(x)} rows"):
+            solver = train_forests(x.cpu().to(torch.float64), y.cpu(), torch.ones(1, own.num_edges, dtype=torch.bool),
+                                   self.l2_grid[0], self.bias_reg, hp.tol, hp.margin_scale, spin=self.spin, graph=own)
+        wide = self.m3n_energy(graph, 1).to(torch.float64)  # its weights laid out on the candidate graph
+        with torch.no_grad():
+            for (name, p), q in zip(wide.named_parameters(), solver.energy.parameters()):
+                if name == "edge_weight":
+                    p[:, forest] = q
+                else:
+                    p.copy_(q)
+        self.use_restart(0, forest, wide)
         return {"rows": len(x), "relative_gap": float(solver.last.relative_gap[0]),
                 "converged": bool(solver.last.converged[0]), "tol": hp.tol}
 
