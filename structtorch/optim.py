@@ -109,12 +109,17 @@ class BatchedLBFGS:
         return self.slices.value_and_grad(self.objective)
 
     def reset(self, which: torch.Tensor) -> None:
-        """Forget the curvature pairs of the models where ``which`` [M] (e.g. after their objective changed)."""
+        """Forget the curvature pairs of the models where ``which`` [M] (e.g. after their objective changed) and
+        re-evaluate."""
+        self.forget(which)
+        self.refresh()
+
+    def forget(self, which: torch.Tensor) -> None:
+        """Forget the curvature pairs of the models where ``which`` [M]; ``refresh()`` before the next step."""
         for rho in self.rho:
             rho[which] = 0.0
         self.gamma[which] = 1.0
         self.fresh |= which
-        self.refresh()
 
     def refresh(self) -> None:
         """Re-evaluate the objective and gradient at the current parameters (after the objective changed)."""

@@ -362,6 +362,47 @@ def test_smoothed_lbfgs_certificate_on_a_tree_against_enumeration(energy_kind):
             assert float(info.dual) <= float(other) + 1e-12
 
 
+def test_smoothed_lbfgs_puts_back_its_best_certified_point():
+    """restore_best: a model whose parameters ended worse than at an earlier certificate (here thrown far off after
+    it) gets that certificate's parameters back, certified against the highest dual seen; a model whose last point
+    is its best keeps it; the optimizer goes on from there."""
+    x, y = chain_problem(2, n=4, N=40)
+    energy = FinleyJoachimsEnergy(6, 4, Graph.chain(4), num_models=2).double()
+    solver = SmoothedLBFGS(energy, x, y, torch.tensor([0.3, 0.3], dtype=torch.float64), tol=1e-9)
+    solver.run(5)
+    good = solver.certify()
+    kept = [p.detach().clone() for p in energy.parameters()]
+    with torch.no_grad():
+        for p in energy.parameters():
+            p[1] += 3.0
+    thrown = solver.certify()
+    assert float(thrown.primal[1]) > float(good.primal[1]) and float(thrown.primal[0]) == float(good.primal[0])
+    info = solver.restore_best()
+    for p, q in zip(energy.parameters(), kept):
+        assert torch.equal(p.detach(), q)
+    assert torch.equal(info.primal, good.primal) and torch.equal(info.dual, torch.maximum(good.dual, thrown.dual))
+    solver.run(5)
+    assert bool((solver.certify().primal < good.primal).all())
+
+
+def test_an_uncertified_fit_ends_on_its_lowest_primal_against_its_highest_dual(monkeypatch):
+    """Every certificate's dual lower-bounds the optimum, so a fit stopped before its tolerance reports the lowest
+    primal it certified, at those parameters, against the highest dual it certified (never a negative gap)."""
+    from structtorch.solvers.smoothing import SmoothedHinge
+
+    seen, original = [], SmoothedHinge.certify
+    monkeypatch.setattr(SmoothedHinge, "certify", lambda self: seen.append(original(self)) or seen[-1])
+    x, y = chain_problem(3, n=5, N=60)
+    energy = LinearTableEnergy(6, 5, 3, Graph.chain(5), input_dependent_pairwise=True).double()
+    info = SmoothedLBFGS(energy, x, y, 0.01, tol=1e-12).fit(max_iter=60, check_every=4)
+    primals, duals = [float(s.primal) for s in seen], [float(s.dual) for s in seen]
+    assert not bool(info.converged) and float(info.primal) == min(primals) and float(info.dual) == max(duals)
+    assert float(SmoothedLBFGS(energy, x, y, 0.01).certify().primal) == pytest.approx(min(primals), rel=1e-12)
+    optimum = SmoothedLBFGS(energy, x, y, 0.01, tol=1e-4).fit(max_iter=20000)
+    assert bool(optimum.converged) and max(duals) <= float(optimum.primal) * (1 + 1e-9)
+    assert duals.index(max(duals)) < len(duals) - 1  # here the last dual is not the highest (a lower temperature)
+
+
 def test_smoothed_lbfgs_batched_folds_equal_separate_runs():
     x, y = mulan_subset("emotions", 90)
     fold = torch.arange(90) % 3 != 0

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -370,6 +371,22 @@ class SmoothedHinge:
         return out
 
 
+@dataclass
+class BestPoint:
+    """The lowest primal [M] certified so far with its parameters [M, P], and the highest dual [M] (float64)."""
+
+    primal: torch.Tensor
+    dual: torch.Tensor
+    params: torch.Tensor
+
+    def update(self, info: GapInfo, params: torch.Tensor) -> None:
+        """Take a certificate ``info`` of parameters [M, P]."""
+        better = info.primal < self.primal
+        self.params = torch.where(better.to(params.device)[:, None], params, self.params)
+        self.primal = torch.minimum(info.primal, self.primal)
+        self.dual = torch.maximum(info.dual, self.dual)
+
+
 class SmoothedLBFGS(SmoothedHinge):
     """Full-batch L-BFGS on the smoothed structured hinge (or CRF likelihood), with a duality-gap certificate
     and continuation on the temperature (eps=None). Args as ``SmoothedHinge``, and ``history_size``: the L-BFGS
@@ -384,14 +401,16 @@ class SmoothedLBFGS(SmoothedHinge):
         self.iterations = 0
         self.until: int | None = None  # the iteration cap of the running ``fit`` (progress lines)
         self.opt = BatchedLBFGS(self.params, self.objective, self.num_models, history_size)
+        self.best: BestPoint | None = None  # the lowest primal certified so far, and the highest dual
+        self.moved = False  # parameters restored since the optimizer's last evaluation
 
     def run(self, iterations: int) -> None:
         """Up to ``iterations`` L-BFGS iterations on the smoothed objective; models already certified stay
         put, and models whose line search stalls wait for the next ``certify`` (which lowers eps)."""
         active = torch.ones_like(self.eps, dtype=torch.bool) if self.last is None else ~self.last.converged.to(
             self.eps.device)
-        if not torch.equal(active, self.evaluated):  # certified models drop out of the evaluations
-            self.evaluated = active.clone()
+        if not torch.equal(active, self.evaluated) or self.moved:  # certified models drop out of the evaluations
+            self.evaluated, self.moved = active.clone(), False
             self.opt.refresh()
         self.interruptible = True
         try:
@@ -409,13 +428,34 @@ class SmoothedLBFGS(SmoothedHinge):
             self.write_back()
 
     def certify(self) -> GapInfo:
-        """The duality gap [M] at the current parameters; lowers eps (continuation) where the gap is within
-        twice the smoothing term. Sets ``self.last``."""
+        """The duality gap [M] of the current parameters against the highest dual of every certificate so far (each
+        D(mu) is a lower bound on the optimum, whatever the parameters are now); lowers eps (continuation) where
+        this certificate's own gap is within twice the smoothing term. Sets ``self.last`` and ``self.best``."""
         info = super().certify()
         open_ = ~info.converged.to(self.eps.device)
         if not self.fixed_eps and bool(open_.any()):
             self._lower_eps(info.gap.to(self.eps), info.primal.to(self.eps), self.smoothing, open_)
-        return info
+        with torch.no_grad():
+            if self.best is None:
+                self.best = BestPoint(info.primal, info.dual, self.opt.slices.flat().clone())
+            else:
+                self.best.update(info, self.opt.slices.flat())
+        self.last = certificate(info.primal, self.best.dual, self.tol, "lbfgs", self.params[0].dtype)
+        return self.last
+
+    def restore_best(self) -> GapInfo:
+        """Put back, for each model whose lowest certified primal is below its current one, the parameters of that
+        primal (a run that ends uncertified, e.g. mid-way through a lower temperature, keeps its best point);
+        returns and sets their certificate against the highest dual."""
+        back = (self.best.primal < self.last.primal).to(self.eps.device)
+        if bool(back.any()):
+            self.opt.slices.set(torch.where(back[:, None], self.best.params, self.opt.slices.flat()))
+            self.opt.forget(back)
+            self.moved = True
+            self.write_back()
+        primal = torch.minimum(self.best.primal, self.last.primal)
+        self.last = certificate(primal, self.best.dual, self.tol, "lbfgs", self.params[0].dtype)
+        return self.last
 
     def _lower_eps(self, gap: torch.Tensor, primal: torch.Tensor, smoothing: torch.Tensor, open_: torch.Tensor
                    ) -> None:
@@ -440,7 +480,7 @@ class SmoothedLBFGS(SmoothedHinge):
             self.run(min(check_every, max_iter - self.iterations))
             idle = idle + 1 if self.iterations == before else 0  # stalled even after a new temperature: give up
             info = self.certify()
-        return info
+        return info if bool(info.converged.all()) else self.restore_best()
 
     def solve(self, iterations: int | None = None) -> SmoothedLBFGS:
         """``fit()`` to the certificate (None), or exactly ``iterations`` L-BFGS iterations and a certificate of
