@@ -29,7 +29,7 @@ train: setup
 # fast on 2 cores; TEST_WORKERS=0 runs it in this process
 TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -x -q --durations=15 -n $(TEST_WORKERS) $(ARGS)
+	$(PY) -m pytest -x -q --durations=15 -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
 
 lint: setup
 	$(PY) -m ruff check structtorch tests scripts experiments

@@ -112,6 +112,7 @@ def majority_hamming(run: Path) -> float | None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("readme")  # one worker, in order: ``ckpt_path=last`` resumes an earlier command's run
 @pytest.mark.parametrize("command", CASES)
 def test_readme_command_runs_as_written(command, outputs, data_cache, monkeypatch):
     """Each run exits cleanly, logs, and learns: its test Hamming accuracy (also the mean of its per-label or
