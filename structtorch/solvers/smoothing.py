@@ -245,9 +245,9 @@ class SmoothedHinge:
         self.y = pot.check_labels(y)
         self.K = K = pot.num_states
         self.y_small = self.y.to(torch.int16 if K * K <= 2**15 else torch.long)  # y_a K + y_b fits
-        per_row = M * max(energy.graph.edges.reshape(-1, 2).shape[0], y.shape[1]) * K * K
+        self.edges = energy.graph.edges.reshape(-1, 2).to(ref.device)  # [E, 2]
+        per_row = M * max(self.edges.shape[0], y.shape[1]) * K * K
         self.chunk_rows = max(1, min(len(y), ROW_CHUNK_ELEMENTS // per_row))
-        self.edges = energy.graph.edges.reshape(-1, 2).to(ref.device)
         self.interruptible = False  # True: a streamed objective stops between chunks once the time budget is spent
         self.delta = hamming_margin(self.y, K, margin_scale, ref.dtype)
         self.fixed_eps = eps is not None
@@ -350,11 +350,11 @@ class SmoothedHinge:
         value = self._max_of(rows, None)(aug, self.eps[:, None])
         mu_u, mu_p = torch.autograd.grad(value.sum(), (Ud, Pd))
         weight = self.mask[:, rows] / (self.lam * self.count)[:, None]
-        # <theta, m(y_i) - mu_i>
-        inner = self._score(U, P, rows) - (U * mu_u).sum((-1, -2)) - (P * mu_p).sum((-1, -2, -3))
+        score = self._score(U, P, rows)
+        inner = score - (U * mu_u).sum((-1, -2)) - (P * mu_p).sum((-1, -2, -3))  # <theta, m(y_i) - mu_i>
         grads = torch.autograd.grad((inner * weight).sum(), self.params, allow_unused=True)
         with torch.no_grad():
-            score = self._score(Ud, Pd, rows)
+            score = score.detach()
             entropy = value - (aug.unary * mu_u).sum((-1, -2)) - (Pd * mu_p).sum((-1, -2, -3))  # eps H(mu_i)
             if self.fixed_eps:  # <Delta, mu> + eps H(mu) = smoothed value - <theta, mu>
                 data, dual_lin = value - score, (self.delta[rows] * mu_u).sum((-1, -2)) + entropy
@@ -446,15 +446,15 @@ class SmoothedLBFGS(SmoothedHinge):
     def restore_best(self) -> GapInfo:
         """Put back, for each model whose lowest certified primal is below its current one, the parameters of that
         primal (a run that ends uncertified, e.g. mid-way through a lower temperature, keeps its best point);
-        returns and sets their certificate against the highest dual."""
+        returns and sets their certificate against the highest dual (``certify`` took the last point into
+        ``best``, so its primal is the lowest)."""
         back = (self.best.primal < self.last.primal).to(self.eps.device)
         if bool(back.any()):
             self.opt.slices.set(torch.where(back[:, None], self.best.params, self.opt.slices.flat()))
             self.opt.forget(back)
             self.moved = True
             self.write_back()
-        primal = torch.minimum(self.best.primal, self.last.primal)
-        self.last = certificate(primal, self.best.dual, self.tol, "lbfgs", self.params[0].dtype)
+        self.last = certificate(self.best.primal, self.best.dual, self.tol, "lbfgs", self.params[0].dtype)
         return self.last
 
     def _lower_eps(self, gap: torch.Tensor, primal: torch.Tensor, smoothing: torch.Tensor, open_: torch.Tensor
