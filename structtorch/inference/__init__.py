@@ -1,6 +1,7 @@
 """Inference ops on batched ``Potentials``: exact on trees, brute force, K-best, smoothed LP."""
 
 from .backends import BACKENDS, backend, current_backend, fused_active, set_backend
+from .decode import tree_f1, tree_mpm
 from .exact import brute_force_kbest, brute_force_logz, brute_force_map, brute_force_marginals
 from .kbest import ensemble_map, tree_kbest
 from .lp import LPResult, lp_map
@@ -24,7 +25,9 @@ __all__ = [
     "ensemble_map",
     "tree_kbest",
     "tree_logz",
+    "tree_f1",
     "tree_map",
+    "tree_mpm",
     "tree_marginals",
     "tree_max_marginals",
     "tree_sample",

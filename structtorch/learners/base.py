@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from ..energies import Energy
 from ..folds import fold_assignment
 from ..graph import Graph, check_float, check_int
-from ..inference import tree_kbest, tree_map
+from ..inference import tree_f1, tree_kbest, tree_map, tree_mpm
 from ..losses import crf_nll, map_value, smoothed_lp_hinge, structured_hinge, zero_one_hinge
 from ..metrics import ExampleF1, HammingAccuracy, PerLabelCounts, SubsetAccuracy, multilabel_metrics
 from ..plots import close_figure, per_label_figure, structure_figure
@@ -39,7 +39,10 @@ __all__ = ["SOLVERS", "StructuredLearner", "TRAIN_INFERENCE", "TEST_INFERENCE"]
 #: name -> loss-augmented max value [*B] of Potentials (the max inside the structured hinge)
 TRAIN_INFERENCE: dict[str, Callable[[Potentials], torch.Tensor]] = {"tree_map": map_value}
 #: name -> predicted assignment [*B, n] of Potentials
-TEST_INFERENCE: dict[str, Callable[[Potentials], torch.Tensor]] = {"tree_map": lambda pot: tree_map(pot)[1]}
+#: (tree_map: the joint mode, for subset accuracy; tree_mpm: each label's posterior mode, for Hamming; tree_f1:
+#: plug-in expected F1; ``inference.decode``)
+TEST_INFERENCE: dict[str, Callable[[Potentials], torch.Tensor]] = {"tree_map": lambda pot: tree_map(pot)[1],
+                                                                   "tree_mpm": tree_mpm, "tree_f1": tree_f1}
 #: structure learning gets at most this share of what is left of ``trainer.time_budget``, the model it chose the
 #: rest: MST on tmc2007 spent the whole 720 s scoring edges, then predicted the empty set for every test row
 STRUCTURE_SHARE = 0.5

@@ -4,7 +4,8 @@ Algorithm 1: weight every label pair by an edge score from estimated conditional
 piecewise, local CMI, DCI, global CMI, or the generative Chow-Liu score), keep the max spanning tree,
 then fit a tree CRF whose factors are log-linear in the labels' local inputs (``LocalLinearEnergy``)
 by l2-regularised conditional log-likelihood, exact through ``tree_logz`` (solver="lbfgs": L-BFGS
-with a duality-gap certificate; a list of l2 values is chosen by cross-validation).
+with a duality-gap certificate; a list of l2 values is chosen by cross-validation). It predicts each label's
+posterior mode by default (``test_inference``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class TreeCRF(StructuredLearner):
         score_rows: the input mapping and the edge scores (each a batch of cross-validated regressions) are
             estimated on at most this many training rows, a seeded subset (None: all rows); the CRF itself is
             trained on every row. Structure learning's time then stops growing with N (tmc2007: 21,519 rows).
+        test_inference: how the CRF predicts (``inference.decode``): "tree_mpm" (default: each label's posterior
+            mode, the Bayes decision for the Hamming loss that the M3N learners train for), "tree_map" (the joint
+            mode: subset 0/1) or "tree_f1" (plug-in expected F1). ``experiments/results/tree_crf_decoders.md``.
         Other args as ``StructuredLearner`` (loss defaults to "crf", solver "auto" = certified L-BFGS).
     """
 
@@ -57,7 +61,8 @@ class TreeCRF(StructuredLearner):
 
     def __init__(self, num_features: int, num_labels: int, score: str = "dci", inputs: str = "l1",
                  num_inputs: int = 10, local_unary: bool = False, num_states: int = 2, score_folds: int = 5,
-                 candidates: int | None = 10, score_rows: int | None = 2000, loss: str = "crf", **kwargs: Any) -> None:
+                 candidates: int | None = 10, score_rows: int | None = 2000, loss: str = "crf",
+                 test_inference: str = "tree_mpm", **kwargs: Any) -> None:
         if score not in EDGE_SCORES:
             raise ValueError(f"model.score must be one of {EDGE_SCORES}, got {score!r}")
         if inputs not in INPUT_MAPPINGS:
@@ -74,7 +79,7 @@ class TreeCRF(StructuredLearner):
         self.candidates = candidates  # read by build_energy
         self._num_inputs = 1 if inputs == "aligned" else min(num_inputs, num_features)
         self._local_unary, self._num_states = local_unary, num_states  # build_energy runs inside super().__init__
-        super().__init__(num_features, num_labels, loss=loss, **kwargs)
+        super().__init__(num_features, num_labels, loss=loss, test_inference=test_inference, **kwargs)
         self.save_hyperparameters({"score": score, "inputs": inputs, "num_inputs": num_inputs,
                                    "local_unary": local_unary, "num_states": num_states, "score_folds": score_folds,
                                    "candidates": candidates, "score_rows": score_rows})
