@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import graphs, make_potentials
+from conftest import graphs, make_potentials, potentials
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from structtorch import Graph, Potentials
-from structtorch.inference import brute_force_marginals, tree_f1, tree_mpm
+from structtorch.inference import brute_force_marginals, tree_f1, tree_logz, tree_marginals, tree_mpm
+from structtorch.inference.decode import _probability_of_zeros
 from structtorch.inference.exact import all_assignments
 from structtorch.learners.base import TEST_INFERENCE
 
@@ -58,6 +59,17 @@ def test_f1_decoding_maximises_its_objective_over_every_subset(pot):
         objective = plug_in_f1(mu[row], prob[row, 0], ys)  # ys[0] is the empty set
         got = plug_in_f1(mu[row], prob[row, 0], y[row : row + 1])
         torch.testing.assert_close(got, objective.max().reshape(1), rtol=0, atol=1e-9)
+
+
+@settings(max_examples=80, deadline=None)
+@given(potentials())
+def test_the_empty_sets_probability_from_the_marginals_is_exact(pot):
+    """``tree_f1`` reads P(y = 0) off the marginals (tree factorisation): equal to exp(score(0) - log Z), also with
+    impossible states and impossible rows (probability 0)."""
+    mu, mu_pair = tree_marginals(pot)
+    zeros = torch.zeros(mu.shape[:-1], dtype=torch.long)
+    exact = (pot.score(zeros) - tree_logz(pot)).exp().nan_to_num(0.0)
+    torch.testing.assert_close(_probability_of_zeros(pot, mu, mu_pair), exact, rtol=0, atol=1e-10)
 
 
 def test_f1_decoding_predicts_the_empty_set_when_it_is_likely():
