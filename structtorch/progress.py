@@ -22,6 +22,8 @@ from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+from .threads import retune
+
 __all__ = ["EVERY_S", "OutOfTime", "budget_share", "out_of_time", "phase", "share_deadline", "tick", "time_budget",
            "until"]
 
@@ -125,10 +127,11 @@ def tick(done: int, total: int | None = None, unit: str = "steps", detail: str |
     for the line, or a function computing it (called only for a line that is logged). Returns False once the
     running ``time_budget`` is spent (the loop should stop), else True."""
     going = not out_of_time()
+    now = time.monotonic()
+    retune(now)  # the thread count follows the machine's load (inside ``threads.follow_load``)
     current = _CURRENT.get()
     if current is None:
         return going
-    now = time.monotonic()
     if now - current.last < EVERY_S:
         return going
     current.last = now

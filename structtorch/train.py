@@ -24,7 +24,8 @@ import signal
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +49,13 @@ from .data import (
     TreeCRFSyntheticDataModule,
 )
 from .data.download import DownloadError
-from .graph import check_float
+from .graph import check_float, check_int
 from .inference import backend, fused
 from .learners import LEARNERS, StructuredLearner
 from .plots import close_figure
 from .progress import time_budget
 from .runs import find_last_checkpoint, record_run
+from .threads import follow_load, retune
 
 register_configs()
 log = logging.getLogger("structtorch.train")
@@ -192,38 +194,14 @@ def check_checkpoint(path: str, model: StructuredLearner) -> None:
                              f"{key}={model.hparams[key]}: pass the dataset it was trained on")
 
 
-def busy_cores(samples: int = 5, interval: float = 0.05) -> int:
-    """The other processes' demand for cores now: the median number of other runnable processes over ``samples``
-    readings of /proc/loadavg (the 1-minute load average where there is none). trainer.num_threads=auto takes the
-    cores they leave free (at least 1, at most torch's default), so several jobs on one machine (a sweep, DDP on CPU,
-    a test suite) do not oversubscribe it: on 2 cores at a load of 11, Independent on scene took 70-91 s with 2
-    threads and 9.5-17 s with 1."""
-    try:
-        readings = []
-        for _ in range(samples):
-            running = Path("/proc/loadavg").read_text().split()[3].split("/")[0]
-            readings.append(int(running) - 1)  # this process is running
-            time.sleep(interval)
-        return sorted(readings)[len(readings) // 2]
-    except (OSError, IndexError, ValueError):
-        return round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
-
-
 def _trainer(cfg: DictConfig, out: Path, run_name: str) -> L.Trainer:
     kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     try:
         _budget(kwargs.pop("time_budget"))  # structtorch's own (``progress.time_budget``), applied around the fit
     except ValueError as err:
         raise UserError(str(err)) from err
-    threads = kwargs.pop("num_threads")
-    if threads == "auto":
-        busy = busy_cores()
-        threads = max(1, min((os.cpu_count() or 1) - busy, torch.get_num_threads()))
-        log.info("trainer.num_threads=auto: %d torch thread%s (%d other runnable processes on %d cores)", threads,
-                 "s" * (threads > 1), busy, os.cpu_count() or 1)
-    if threads is not None:
-        torch.set_num_threads(int(threads))
-    callbacks: list[L.Callback] = [ResumeHint(out)]
+    kwargs.pop("num_threads")  # structtorch's own (``thread_policy``), applied around the run
+    callbacks: list[L.Callback] = [ResumeHint(out), FollowLoad()]
     if kwargs.get("enable_checkpointing", True):
         callbacks.append(ModelCheckpoint(dirpath=str(out / "checkpoints"), filename="epoch{epoch:03d}-step{step}",
                                          auto_insert_metric_name=False, save_last=True))
@@ -248,8 +226,24 @@ def run(cfg: DictConfig, out_dir: str | Path, record: bool = False) -> dict[str,
     """Train + test as configured; returns the metrics also written to ``out_dir/metrics.json``. The inference
     backend (``fused``) holds for this run only. ``record``: add the run to the run index that ``ckpt_path=last``
     searches (``structtorch.runs``; the CLI does for single runs)."""
-    with backend(run_backend(cfg)):
+    with backend(run_backend(cfg)), thread_policy(cfg.trainer.num_threads):
         return _run(cfg, Path(out_dir), record)
+
+
+@contextmanager
+def thread_policy(threads: Any) -> Iterator[None]:
+    """trainer.num_threads: auto (the default) follows the machine's load (``threads.follow_load``), N fixes torch's
+    thread count, null keeps torch's default (one per core)."""
+    if threads == "auto":
+        with follow_load():
+            yield
+        return
+    if threads is not None:
+        try:
+            torch.set_num_threads(check_int(threads, "trainer.num_threads", 1, expected="auto, null or an int >= 1"))
+        except ValueError as err:
+            raise UserError(str(err)) from None
+    yield
 
 
 def run_backend(cfg: DictConfig) -> str:
@@ -417,6 +411,14 @@ def _quiet_library_noise() -> None:
 def _not_a_tip(record: logging.LogRecord) -> bool:
     """False for Lightning's "Tip: For seamless cloud ..." lines (litlogger, litmodels)."""
     return "Tip: For seamless cloud" not in record.getMessage()
+
+
+class FollowLoad(L.Callback):
+    """``threads.retune`` before every training batch too: minibatch strategies (adam, Domke's) have no inner loop
+    that ticks (``progress.tick`` retunes inside the long ones)."""
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        retune()
 
 
 class ResumeHint(L.Callback):
