@@ -129,7 +129,7 @@ class RTAConfig(ModelConfig):
     k_max: Any = None  # int or None: max(k, min(2 * number of labels, 32))
     seed: int = 0
     normalize: bool = True
-    margin: str = "hamming"  # hamming | zero_one (Def. 6: margin 1 against the worst violator)
+    margin: str = "auto"  # hamming up to 22 labels, else zero_one (Def. 6: margin 1 against the worst violator)
     bias_reg: float = 1.0
 
 

@@ -224,3 +224,23 @@ def test_real_flags_nominals_are_one_hot() -> None:
     for prefix in ("landmass=", "zone=", "language=", "religion="):  # exactly one value per row
         block = x[:, [j for j, f in enumerate(feats) if f.startswith(prefix)]]
         assert torch.equal(block.sum(1), torch.ones(len(x)))
+
+
+def test_mulan_like_writes_a_folder_the_cli_reads_as_the_synthetic_data(tmp_path: Path) -> None:
+    """scripts/mulan_like.py: a Mulan-shaped folder (sparse ARFF, {0,1} attributes, label XML) that load_mulan reads
+    back as exactly the rows of sparse_multilabel, split as the shape says."""
+    import importlib.util
+
+    from structtorch.data import sparse_multilabel
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "mulan_like.py"
+    spec = importlib.util.spec_from_file_location("mulan_like", path)
+    mulan_like = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mulan_like)
+    train, test, D, L = mulan_like.SHAPES["medical"]
+    mulan_like.write_dataset(tmp_path, "medical", seed=3)
+    data = load_mulan_splits("medical-like", root=tmp_path, progress=False)
+    x, y = sparse_multilabel(train + test, num_features=D, num_labels=L, seed=3)
+    assert data.label_names == [f"label{j}" for j in range(L)]
+    assert torch.equal(data.y_train, y[:train]) and torch.equal(data.y_test, y[train:])
+    assert torch.equal(data.x_train, x[:train]) and torch.equal(data.x_test, x[train:])

@@ -12,11 +12,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from structtorch import Graph, Potentials
+from structtorch.config import RTAConfig
 from structtorch.data import MultilabelDataModule, SyntheticDataModule
 from structtorch.energies import FinleyJoachimsEnergy, TreeEnsembleEnergy
 from structtorch.inference import ensemble_map, tree_kbest
 from structtorch.inference.kbest import ensemble_union
 from structtorch.learners import LEARNERS, RTA
+from structtorch.learners.rta import HAMMING_MAX_LABELS
 from structtorch.solvers import BCFW, EnsembleOracle, tree_oracle
 from structtorch.structure import random_spanning_trees
 
@@ -240,8 +242,9 @@ def test_rta_trees_come_back_from_the_seed(small, tmp_path):
 @pytest.mark.parametrize("kwargs", [{"solver": "adam", "lr": 0.05, "margin": "zero_one"}, {"margin": "hamming"}],
                          ids=["adam-zero_one", "bcfw-hamming"])
 def test_rta_gradient_solver_and_hamming_margin_beat_independent(kwargs, small, independent_on_exclusions):
-    """The 0/1-margin hinge by Adam, and the Hamming-rescaled variant (the default) by BCFW, both learn the label
-    interactions of 3 random trees: subset accuracy well above Independent's (measured: 0.771 and 0.798 vs 0.641)."""
+    """The 0/1-margin hinge by Adam, and the Hamming-rescaled variant (the default at 5 labels) by BCFW, both learn
+    the label interactions of 3 random trees: subset accuracy well above Independent's (measured: 0.771 and 0.798
+    vs 0.641)."""
     model = RTA(small.num_features, small.num_labels, num_trees=3, k=2, l2=1e-2, normalize=False, **kwargs)
     t = trainer(epochs=40)
     t.fit(model, datamodule=small)
@@ -281,6 +284,19 @@ def test_rta_bad_input(small):
 
 def test_rta_is_a_cli_learner():
     assert LEARNERS["rta"] is RTA
+
+
+@pytest.mark.parametrize("num_labels, margin, chosen", [(6, "auto", "hamming"), (HAMMING_MAX_LABELS, "auto", "hamming"),
+                                                        (HAMMING_MAX_LABELS + 1, "auto", "zero_one"),
+                                                        (45, "hamming", "hamming"), (6, "zero_one", "zero_one")])
+def test_rta_default_margin_is_hamming_up_to_its_label_count_then_zero_one(num_labels, margin, chosen):
+    """margin="auto" (the default; the CLI's too): the Hamming margin where it was measured to work, Def. 6's 0/1
+    margin with more labels, where the Hamming hinge predicted almost no label; a margin given is kept."""
+    assert RTA(8, num_labels, margin=margin).hparams.margin == chosen
+    assert RTA(8, num_labels).hparams.margin == RTA(8, num_labels, margin="auto").hparams.margin
+    assert RTAConfig().margin == "auto"
+    with pytest.raises(ValueError, match=r"RTA: margin must be one of \('auto', 'hamming', 'zero_one'\)"):
+        RTA(8, num_labels, margin="hinge")
 
 
 # ---------------------------------------------------------------------- MAM

@@ -1,0 +1,64 @@
+"""Write a synthetic Mulan dataset folder shaped like a Mulan set that is not on this machine, for running the CLI's
+commands on that shape (``data=mulan data.root=<root> data.name=<name>``).
+
+    python scripts/mulan_like.py --shape bibtex --root /tmp/mulan_like
+    python -m structtorch.train model=full data=mulan data.root=/tmp/mulan_like data.name=bibtex-like
+
+Shapes (training rows, test rows, features, labels) follow Mulan's files; the rows come from
+``structtorch.data.sparse_multilabel`` (sparse binary word features, Zipf-distributed labels with many rare ones,
+about 1.25 labels a row). Written as sparse ARFF with ``{0,1}`` attributes and a label XML, as Mulan's text sets are.
+Timing and memory on these folders say what a learner does at that size; their accuracies say nothing of the real
+data's.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from structtorch.data import sparse_multilabel
+
+SHAPES = {"medical": (333, 645, 1449, 45), "enron": (1123, 579, 1001, 53), "bibtex": (4880, 2515, 1836, 159),
+          "corel5k": (4500, 500, 499, 374)}
+
+
+def write_arff(path: Path, relation: str, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Sparse ARFF of x [N, D] in {0, 1} then y [N, L] as {0,1} attributes named f<j> and label<j>."""
+    D, L = x.shape[1], y.shape[1]
+    lines = [f"@relation {relation}", ""]
+    lines += [f"@attribute f{j} {{0,1}}" for j in range(D)] + [f"@attribute label{j} {{0,1}}" for j in range(L)]
+    lines += ["", "@data"]
+    for row in torch.cat([x.long(), y], 1):
+        lines.append("{" + ",".join(f"{j} 1" for j in row.nonzero().flatten().tolist()) + "}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_dataset(root: Path, shape: str, seed: int = 0) -> Path:
+    """root/<shape>-like/ with <name>-train.arff, <name>-test.arff and <name>.xml; returns the folder."""
+    train, test, D, L = SHAPES[shape]
+    name = f"{shape}-like"
+    x, y = sparse_multilabel(train + test, num_features=D, num_labels=L, seed=seed)
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    write_arff(folder / f"{name}-train.arff", name, x[:train], y[:train])
+    write_arff(folder / f"{name}-test.arff", name, x[train:], y[train:])
+    labels = "".join(f'<label name="label{j}"></label>\n' for j in range(L))
+    (folder / f"{name}.xml").write_text('<?xml version="1.0" encoding="utf-8"?>\n'
+                                        f'<labels xmlns="http://mulan.sourceforge.net/labels">\n{labels}</labels>\n')
+    return folder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), nargs="+", default=["bibtex"])
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    for shape in args.shape:
+        print(write_dataset(args.root, shape, args.seed))
+
+
+if __name__ == "__main__":
+    main()
