@@ -70,8 +70,9 @@ def free_cores(other: int, limit: int) -> int:
 
 @contextmanager
 def follow_load() -> Iterator[int]:
-    """Inside the block torch's thread count follows the load (``retune``), at most torch's count at entry; yields
-    the count set at entry. The count set last stays after the block."""
+    """Inside the block torch's thread count follows the load (``retune``), at most torch's count at entry, which
+    it has again after the block (the next run of a sweep in the same process starts from it); yields the count set
+    at entry."""
     limit = torch.get_num_threads()
     other = other_runnable()
     threads = free_cores(other, limit)
@@ -84,6 +85,7 @@ def follow_load() -> Iterator[int]:
         yield threads
     finally:
         _FOLLOW.update(saved)
+        torch.set_num_threads(limit)
 
 
 def _next_reading(now: float) -> float:

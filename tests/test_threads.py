@@ -87,7 +87,10 @@ def test_follow_load_sets_the_free_cores_and_retune_follows_the_load(monkeypatch
             load["other"] = 0  # the others ended: back up to the limit, not beyond
             threads.retune(due + 4 * threads.RETUNE_S)
             assert torch.get_num_threads() == 3
-        load["other"] = 3
+            load["other"] = 3
+            threads.retune(due + 6 * threads.RETUNE_S)
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 3  # the count from before the block
         threads.retune(time.monotonic() + 10 * threads.RETUNE_S)  # outside follow_load: nothing
         assert torch.get_num_threads() == 3
 
