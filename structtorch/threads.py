@@ -25,7 +25,7 @@ import torch
 
 __all__ = ["RETUNE_S", "follow_load", "free_cores", "other_runnable", "retune"]
 
-RETUNE_S = 30.0  #: seconds between two readings of the load inside ``follow_load``, at least
+RETUNE_S = 30.0  #: seconds between two readings of the load inside ``follow_load``, spread over 0.75-1.25 x
 log = logging.getLogger("structtorch.threads")
 _FOLLOW: dict = {"on": False, "limit": 1, "due": 0.0}
 _JITTER = random.Random(os.getpid())  # spreads the readings of processes started together
