@@ -47,17 +47,13 @@ def _machine_running() -> int:
     return int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
 
 
-def other_runnable(samples: int = 5, interval: float = 0.0) -> int:
-    """The other processes' demand for cores now: the median over ``samples`` readings of the runnable threads of
-    the machine less this process's own, at least the reading one (the 1-minute load average where /proc has no
-    such counts)."""
+def other_runnable(samples: int = 5) -> int:
+    """The other processes' demand for cores now: the median over ``samples`` back-to-back readings of the runnable
+    threads of the machine less this process's own, at least the reading one (the 1-minute load average where /proc
+    has no such counts)."""
     try:
-        readings = []
-        for i in range(samples):
-            readings.append(max(0, _machine_running() - max(1, _own_running())))
-            if interval and i + 1 < samples:
-                time.sleep(interval)
-        return sorted(readings)[len(readings) // 2]
+        readings = sorted(max(0, _machine_running() - max(1, _own_running())) for _ in range(samples))
+        return readings[len(readings) // 2]
     except (OSError, IndexError, ValueError):
         return round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
 

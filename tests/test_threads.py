@@ -39,7 +39,7 @@ def test_other_runnable_is_the_machines_runnable_threads_less_this_processes(mon
     """The reading thread is runnable and this process's own, so it is subtracted even where no own thread showed."""
     monkeypatch.setattr(threads, "_machine_running", lambda: machine)
     monkeypatch.setattr(threads, "_own_running", lambda: own)
-    assert threads.other_runnable(samples=3, interval=0.0) == other
+    assert threads.other_runnable(samples=3) == other
 
 
 def test_this_processes_own_running_threads_are_not_other_demand(torch_threads):

@@ -76,14 +76,16 @@ class Certified(Strategy):
                 self.certificate, self.stale = self.certify(), False
             else:
                 self.certificate = None
-                self.unfit = (f"not computed: its pass over the training set would take about "
-                              f"{self.certificate_seconds():.0f} s at this run's pace, past trainer.time_budget")
+                self.unfit = self.unfit or (f"not computed: its pass over the training set would take about "
+                                            f"{self.certificate_seconds():.0f} s at this run's pace, past "
+                                            f"trainer.time_budget")
 
     def certificate_fits(self) -> bool:
         """Whether a certificate now is expected to end by the time budget plus half its own time (always, without a
         budget or an estimate of its time, and once the steps stopped to keep its time: the rest of the epoch and
-        the validation pass may have spent some of it)."""
-        return self.reserved or not out_of_time(reserve=self.certificate_seconds() / 2)
+        the validation pass may have spent some of it); never again once a pass was cut at the budget (``unfit``),
+        and the steps then keep no time for one."""
+        return self.unfit is None and (self.reserved or not out_of_time(reserve=self.certificate_seconds() / 2))
 
     def certificate_seconds(self) -> float:
         """The expected time of an exact certificate (0: unknown)."""
@@ -270,16 +272,11 @@ class BCFWStrategy(Certified):
             self.train_stats = stats | {"searches": self.oracle.searches}
             self.learner.log("train/certified", stats["certified"])
             self.learner.log("train/mean_k", stats["mean_k"])
-        fits = self.unfit is None and self.certificate_fits()  # a pass cut at the budget is not started again
-        info = self.certify() if fits and self.solver.should_certify() else None
+        info = self.certify() if self.solver.should_certify() and self.certificate_fits() else None
         if info is None:
             self.learner.log("train/duality_gap", self.solver.gap_estimate().max().float(), prog_bar=True)
             return False
         return self.log_certificate(info)
-
-    def train_end(self) -> None:
-        if self.unfit is None:
-            super().train_end()
 
     def certify(self) -> GapInfo | None:
         """The exact duality gap, one pass over the training set (a progress line every ``EVERY_S`` seconds of a
