@@ -52,6 +52,7 @@ class M3NConfig(ModelConfig):
     # full, crank, project, greedy, mst choose among each label's `candidates` most dependent partners (mutual
     # information); complete graph while n <= 2 candidates + 1, or with null
     candidates: Any = 10
+    independent_start: bool = True  # lbfgs on a graph with edges starts at Independent's solution, couplings 0
 
 
 @dataclass
@@ -139,6 +140,7 @@ class MAMConfig(ModelConfig):
 
     num_trees: int = 10
     seed: int = 0
+    independent_start: bool = True  # every tree starts at Independent's solution, its edge tables 0
 
 
 @dataclass

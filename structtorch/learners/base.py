@@ -31,7 +31,7 @@ from ..metrics import ExampleF1, HammingAccuracy, PerLabelCounts, SubsetAccuracy
 from ..plots import close_figure, per_label_figure, structure_figure
 from ..potentials import Potentials
 from ..progress import budget_share, out_of_time, phase
-from ..solvers import BCFW, Oracle, SmoothedMax, tree_oracle, tree_smoothed_max
+from ..solvers import BCFW, Oracle, SmoothedMax, independent_svms, tree_oracle, tree_smoothed_max
 from ..strategies import SOLVERS, Strategy, solver_strategy
 
 __all__ = ["SOLVERS", "StructuredLearner", "TRAIN_INFERENCE", "TEST_INFERENCE"]
@@ -46,6 +46,9 @@ TEST_INFERENCE: dict[str, Callable[[Potentials], torch.Tensor]] = {"tree_map": l
 #: structure learning gets at most this share of what is left of ``trainer.time_budget``, the model it chose the
 #: rest: MST on tmc2007 spent the whole 720 s scoring edges, then predicted the empty set for every test row
 STRUCTURE_SHARE = 0.5
+#: a start from Independent's solution (``independent_solution``) gets at most this share of what is left of
+#: ``trainer.time_budget``
+START_SHARE = 0.2
 
 
 class StructuredLearner(L.LightningModule):
@@ -201,6 +204,20 @@ class StructuredLearner(L.LightningModule):
         if chosen is not None:
             return chosen
         return Graph.complete(n) if m is None or n <= 2 * m + 1 else Graph.empty(n)
+
+    def warm_start(self, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None
+                   ) -> torch.Tensor | None:
+        """Before a fresh certified L-BFGS fit on x [N, D], y [N, n] (0/1) at lambda ``lam`` (a float or [M]) on the
+        rows ``mask`` [M, N] (None: all): set the energy's starting weights near the optimum and return their
+        objective [M] (about), or leave them as built and return None (the default)."""
+        return None
+
+    def independent_solution(self, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor,
+                             mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Independent's weights [M, n, D], biases [M, n] and objective [M] at lambda ``lam`` (``independent_svms``,
+        within ``START_SHARE`` of the time left), for ``warm_start``; None where its kernel cannot be built."""
+        with phase("start at Independent's solution"), budget_share(START_SHARE):
+            return independent_svms(x, y, lam, mask)
 
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """The edges to keep, bool [E] over ``self.energy.graph`` (the candidate graph), chosen from the

@@ -37,6 +37,8 @@ class M3N(StructuredLearner):
             label's m most dependent partners by mutual information on the training labels
             (``structure.candidate_graph``, at most n m pairs), chosen when fitting starts; the complete graph
             while n <= 2 m + 1 (every label set of the papers at the default 10) or with None.
+        independent_start: a certified L-BFGS fit on a graph with edges starts at Independent's solution (its
+            one linear SVM per label to a 1% gap, ``independent_svms``), the couplings at 0, instead of at 0.
         Other args as ``StructuredLearner``.
     """
 
@@ -44,12 +46,14 @@ class M3N(StructuredLearner):
     searches_structure = False
 
     def __init__(self, num_features: int, num_labels: int, spin: bool = True, candidates: int | None = 10,
-                 **kwargs) -> None:
+                 independent_start: bool = True, **kwargs) -> None:
         if candidates is not None:
             check_int(candidates, "model.candidates", 1, expected="None or an int >= 1")
+        if not isinstance(independent_start, bool):
+            raise ValueError(f"model.independent_start must be a bool, got {independent_start!r}")
         self.spin, self.candidates = spin, candidates  # read by build_energy, called in StructuredLearner.__init__
         super().__init__(num_features, num_labels, **kwargs)
-        self.save_hyperparameters({"spin": spin, "candidates": candidates})
+        self.save_hyperparameters({"spin": spin, "candidates": candidates, "independent_start": independent_start})
 
     def m3n_energy(self, graph: Graph, num_models: int | None) -> FinleyJoachimsEnergy:
         """The Finley-Joachims energy of these features and labels on ``graph``."""
@@ -59,6 +63,26 @@ class M3N(StructuredLearner):
     def build_candidates(self, x: torch.Tensor, y: torch.Tensor) -> Graph | None:
         """Each label's ``candidates`` most dependent partners (``candidate_graph``) for a structure search."""
         return candidate_graph(y, self.candidates) if self.searches_structure else None
+
+    def warm_start(self, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None
+                   ) -> torch.Tensor | None:
+        """With ``independent_start`` and edges: Independent's solution, the couplings at 0 (the model then scores
+        as Independent's does, and the fit goes on from there). At bibtex's size (159 labels, 1,836 features) Full's
+        time budget ended 165 L-BFGS iterations from 0 at 30 points of subset accuracy below Independent."""
+        energy = self.energy
+        if not self.hparams.independent_start or energy.graph.num_edges == 0:
+            return None
+        start = self.independent_solution(x, y, lam, mask)
+        if start is None:
+            return None
+        w, b, objective = start
+        if self.num_models is None:
+            w, b = w[0], b[0]
+        with torch.no_grad():
+            energy.unary.weight.copy_(w)
+            energy.unary.bias.copy_(b)
+            energy.edge_weight.zero_()
+        return objective
 
 
 class Independent(M3N):
@@ -334,6 +358,12 @@ class Greedy(_StructureSearch):
         forest, weights = self._search(*self.search_subset(x, y))
         self._warm_start(weights)
         return forest
+
+    def warm_start(self, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None
+                   ) -> torch.Tensor | None:
+        """None: the fit starts from the search's models (``_warm_start``), already at or below Independent's
+        objective."""
+        return None
 
     def _warm_start(self, weights: tuple[torch.Tensor, ...]) -> None:
         """Start the final fit from the search's certified component models (W [n, D], b [n], pair [n, n]):

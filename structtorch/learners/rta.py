@@ -199,11 +199,35 @@ class MAM(StructuredLearner):
     M3N with node and edge tables linear in x (``LinearTableEnergy``, input-dependent pairwise).
     """
 
-    def __init__(self, num_features: int, num_labels: int, num_trees: int = 10, seed: int = 0, **kwargs) -> None:
+    def __init__(self, num_features: int, num_labels: int, num_trees: int = 10, seed: int = 0,
+                 independent_start: bool = True, **kwargs) -> None:
         check_int(num_trees, "MAM: num_trees", 1)
+        if not isinstance(independent_start, bool):
+            raise ValueError(f"MAM: independent_start must be a bool, got {independent_start!r}")
         self.trees = random_spanning_trees(num_labels, num_trees, torch.Generator().manual_seed(seed))
         super().__init__(num_features, num_labels, **kwargs)
+        self.save_hyperparameters({"independent_start": independent_start})
         self._predict = self._average_max_marginals
+
+    def warm_start(self, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None
+                   ) -> torch.Tensor | None:
+        """With ``independent_start``: every tree at Independent's solution, its edge tables at 0. A tree's node
+        table [-s/2, s/2] of a score s costs half of s's l2, so each tree's model is Independent's at lambda / 2."""
+        start = self.independent_solution(x, y, lam / 2, mask) if self.hparams.independent_start else None
+        if start is None:
+            return None
+        T, energy = self.trees.num_graphs, self.energy
+        w, b, objective = start  # [M, n, D], [M, n], [M]
+        w = torch.stack([-w, w], 2).div(2).repeat(1, T, 1, 1).flatten(1, 2)  # [M, T n K, D]
+        b = torch.stack([-b, b], 2).div(2).repeat(1, T, 1).flatten(1, 2)  # [M, T n K]
+        if self.num_models is None:
+            w, b = w[0], b[0]
+        with torch.no_grad():  # rows t n K + i K + a: tree t's copy of label i, state a
+            energy.unary.weight.copy_(w)
+            energy.unary.bias.copy_(b)
+            energy.pairwise.weight.zero_()
+            energy.pairwise.bias.zero_()
+        return T * objective  # the trees' objectives add up
 
     def build_energy(self) -> LinearTableEnergy:
         T, n = self.trees.num_graphs, self.trees.num_nodes

@@ -25,11 +25,12 @@ import math
 import torch
 
 from ..energies import FinleyJoachimsEnergy
+from ..graph import Graph
 from ..progress import out_of_time, tick
 from .bcfw import check_lam, check_mask
 from .certificate import GapInfo, certificate
 
-__all__ = ["DualCD"]
+__all__ = ["DualCD", "independent_svms"]
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,27 @@ class DualCD:
         self.alpha = state["alpha"].to(torch.float64).contiguous().clone()
         self.epochs = int(state["epochs"])
         self.certify()
+
+
+def independent_svms(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None = None,
+                     tol: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Independent's solution, one linear SVM per label (``DualCD``, biases regularised like weights), to a relative
+    gap ``tol`` or the end of the running time budget: the starting point of a structured learner's fit.
+
+    x [N, D], y [N, n] (0/1), lam float or [M], mask [M, N] (or None). Returns weight [M, n, D], bias [M, n] (M = 1
+    for a float lam) and their objective [M] on x's device and dtype, or None where the fused kernel cannot be built
+    (no C++ compiler).
+    """
+    n, M = y.shape[1], torch.as_tensor(lam).numel()
+    energy = FinleyJoachimsEnergy(x.shape[1], n, Graph.empty(n), num_models=M)
+    try:
+        solver = DualCD(energy, x, y, torch.as_tensor(lam, dtype=torch.float64).cpu().reshape(M), tol=tol,
+                        mask=None if mask is None else mask.cpu())
+    except RuntimeError as err:  # the kernel could not be built: the eager passes work, without this start
+        log.warning("no start from Independent's solution: %s", err)
+        return None
+    primal = solver.fit().primal
+    return energy.unary.weight.detach().to(x), energy.unary.bias.detach().to(x), primal.to(x)
 
 
 def _kernel():

@@ -127,14 +127,17 @@ class LBFGSStrategy(Certified):
 
     def setup(self, x: torch.Tensor, y: torch.Tensor, state: dict[str, Any] | None = None) -> None:
         learner, hp = self.learner, self.learner.hparams
-        x, y = self.training_tensors(x, y)
+        x, labels = self.training_tensors(x, y)
         lam, mask = learner.grid_models(len(x))
+        start = learner.warm_start(x, y.to(x.device), lam, mask) if state is None else None  # resumed: as saved
         crf, graph = hp.loss == "crf", learner.graph
         entries = len(x) * (graph.num_nodes + graph.num_edges) * (lam.numel() if torch.is_tensor(lam) else 1) * 4
-        self.solver = SmoothedLBFGS(learner.energy, x, y, lam, smoothed_max=learner.smoothed_max(),
+        self.solver = SmoothedLBFGS(learner.energy, x, labels, lam, smoothed_max=learner.smoothed_max(),
                                     margin_scale=0.0 if crf else hp.margin_scale, bias_reg=learner.bias_reg, tol=hp.tol,
                                     eps=1.0 if crf else None, mask=mask,
                                     dtype=torch.float32 if entries > FLOAT32_ABOVE else torch.float64)
+        if start is not None:
+            self.solver.start_near_optimum(start)
         if state is not None:  # from the checkpoint's weights, at its temperature
             self.solver.eps = torch.as_tensor(state["eps"], dtype=self.solver.eps.dtype, device=self.solver.eps.device)
             self.solver.iterations = state["iterations"]
