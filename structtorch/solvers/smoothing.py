@@ -445,14 +445,16 @@ class SmoothedLBFGS(SmoothedHinge):
 
     def start_near_optimum(self, objective: torch.Tensor) -> None:
         """For parameters that start near the optimum, whose objective is about ``objective`` [M] (a warm start):
-        lower each model's temperature so that its smoothing term is at most half of that (one certificate pass),
-        so that the first iterations refine the start rather than pull it towards a high temperature's smoothed
-        optimum (Full started at Independent's solution, at eps = 1, lost its accuracy within 20 iterations)."""
+        lower each model's temperature so that its smoothing term (measured on the first chunk of rows) is at most
+        half of that, so that the first iterations refine the start rather than pull it towards a high temperature's
+        smoothed optimum (Full started at Independent's solution, at eps = 1, lost its accuracy within 20
+        iterations)."""
         if self.fixed_eps:
             return
-        SmoothedHinge.certify(self)
+        rows = self.chunks()[0]
+        smoothing = self._certify_chunk(rows)[3] * self.count / self.mask[:, rows].sum(1).clamp_min(1)
         tiny = torch.finfo(self.eps.dtype).tiny
-        ratio = 0.5 * objective.to(self.eps).clamp_min(tiny) / self.smoothing.to(self.eps).clamp_min(tiny)
+        ratio = 0.5 * objective.to(self.eps).clamp_min(tiny) / smoothing.to(self.eps).clamp_min(tiny)
         self.eps = self.eps * ratio.clamp(1e-3, 1.0)
         self.opt.forget(torch.ones_like(self.eps, dtype=torch.bool))
         self.last, self.moved = None, True
