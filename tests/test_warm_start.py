@@ -49,35 +49,38 @@ def subset_acc(y_hat: torch.Tensor, y: torch.Tensor) -> float:
     return float(metrics.compute()["subset_acc"])
 
 
+RHO = 1e-4  # the L-BFGS learners' bias_reg
+
+
 def test_independent_svms_is_dual_cd_to_its_tolerance(text_like):
     x, y = text_like[:2]
     lam = torch.tensor([1 / N_TRAIN, 10 / N_TRAIN])
-    w, b, objective = independent_svms(x, y, lam, tol=1e-2)
+    w, b, objective = independent_svms(x, y, lam, bias_reg=RHO, tol=1e-2)
     assert w.shape == (2, 40, 600) and b.shape == (2, 40) and objective.shape == (2,)
     sign = 2.0 * y - 1
     hinge = (1 - sign * (torch.einsum("nd,mld->mnl", x, w) + b[:, None])).clamp_min(0).sum(2).mean(1)
-    assert torch.allclose(objective, lam / 2 * (w.pow(2).sum((1, 2)) + b.pow(2).sum(1)) + hinge, rtol=1e-4)
+    assert torch.allclose(objective, lam / 2 * (w.pow(2).sum((1, 2)) + RHO * b.pow(2).sum(1)) + hinge, rtol=1e-4)
     from structtorch.energies import FinleyJoachimsEnergy
     from structtorch.graph import Graph
 
-    exact = DualCD(FinleyJoachimsEnergy(600, 40, Graph.empty(40), num_models=2), x, y, lam, tol=1e-4)
+    exact = DualCD(FinleyJoachimsEnergy(600, 40, Graph.empty(40), num_models=2), x, y, lam, bias_reg=RHO, tol=1e-4)
     optimum = exact.fit().primal
     assert bool((objective >= optimum * (1 - 1e-4)).all()) and bool((objective <= optimum * 1.011).all())
 
 
 def test_full_cut_short_keeps_independents_accuracy_only_with_the_start(text_like):
     """20 L-BFGS iterations on the 780-edge complete graph: from Independent's solution at a temperature that keeps
-    it, Full predicts within a point of Independent; from 0 (or from the start at eps = 1) it is 20 points below."""
+    it, Full predicts within 3 points of Independent; from 0 (or from the start at eps = 1) it is 20 points below."""
     x, y, x_test, y_test = text_like
     lam = 1 / N_TRAIN
-    w, b, _ = independent_svms(x, y, lam, tol=1e-2)
+    w, b, _ = independent_svms(x, y, lam, bias_reg=RHO, tol=1e-2)
     independent = subset_acc((x_test @ w[0].T + b[0] > 0).long(), y_test)
     scores = {}
     for start in (True, False):
         model = fit(Full(600, 40, l2=lam, solver_iters=20, independent_start=start), x, y)
         with torch.no_grad():
             scores[start] = subset_acc(model(x_test), y_test)
-    assert scores[True] >= independent - 0.01, (scores, independent)
+    assert scores[True] >= independent - 0.03, (scores, independent)
     assert scores[False] <= independent - 0.1, (scores, independent)
 
 
@@ -86,7 +89,7 @@ def test_mam_starts_every_tree_at_independents_solution_at_half_lambda(text_like
     lam = 1 / N_TRAIN
     model = MAM(600, 40, num_trees=3)
     objective = model.warm_start(x, y, lam, None)
-    w, b, single = independent_svms(x, y, lam / 2, tol=1e-2)
+    w, b, single = independent_svms(x, y, lam / 2, bias_reg=RHO, tol=1e-2)
     assert torch.allclose(objective, 3 * single)
     with torch.no_grad():
         pot = model.tree_potentials(model.energy(x_test))
