@@ -191,13 +191,16 @@ def test_bcfw_with_default_bias_reg_certifies_what_lbfgs_learns(dm):
 
 
 def test_certified_solver_resumes_from_a_checkpoint(dm, tmp_path):
+    """From w = 0. Started at Independent's solution, the resumed fit holds eps = 0.0049 for 10,000 iterations at a
+    relative gap of 1.5e-3, just above twice the smoothing term that lowers eps: a fragile continuation (an in-place
+    L-BFGS recursion, the same directions to 1e-13, hangs the same way from 0), open in issue 32."""
     from lightning.pytorch.callbacks import ModelCheckpoint
-    first = learner("true_tree", dm, solver="lbfgs", l2=0.001, solver_iters=20)
+    first = learner("true_tree", dm, solver="lbfgs", l2=0.001, solver_iters=20, independent_start=False)
     L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
               callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=True)]).fit(first, datamodule=dm)
     assert not first.solver_report()["converged"]
     eps = float(first.strategy.solver.eps)
-    second = learner("true_tree", dm, solver="lbfgs", l2=0.001, solver_iters=20)
+    second = learner("true_tree", dm, solver="lbfgs", l2=0.001, solver_iters=20, independent_start=False)
     trainer = make_trainer(500)
     trainer.fit(second, datamodule=dm, ckpt_path=tmp_path / "last.ckpt")
     before, after = first.strategy.solver, second.strategy.solver
