@@ -215,8 +215,10 @@ class StructuredLearner(L.LightningModule):
     def independent_solution(self, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor,
                              mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """Independent's weights [M, n, D], biases [M, n] and objective [M] at lambda ``lam`` and this learner's
-        ``bias_reg`` (``independent_svms``, within ``START_SHARE`` of the time left), for ``warm_start``; None where
-        its kernel cannot be built."""
+        ``bias_reg`` (``independent_svms``, within ``START_SHARE`` of the time left), for ``warm_start``; None with
+        ``model.independent_start=false`` or where its kernel cannot be built."""
+        if not self.hparams.get("independent_start", False):
+            return None
         with phase("start at Independent's solution"), budget_share(START_SHARE):
             return independent_svms(x, y, lam, mask, bias_reg=self.bias_reg)
 

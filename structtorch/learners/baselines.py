@@ -69,20 +69,20 @@ class M3N(StructuredLearner):
         """With ``independent_start`` and edges: Independent's solution, the couplings at 0 (the model then scores
         as Independent's does, and the fit goes on from there). At bibtex's size (159 labels, 1,836 features) Full's
         time budget ended 165 L-BFGS iterations from 0 at 30 points of subset accuracy below Independent."""
-        energy = self.energy
-        if not self.hparams.independent_start or energy.graph.num_edges == 0:
-            return None
-        start = self.independent_solution(x, y, lam, mask)
+        start = self.independent_solution(x, y, lam, mask) if self.energy.graph.num_edges else None
         if start is None:
             return None
-        w, b, objective = start
-        if self.num_models is None:
-            w, b = w[0], b[0]
-        with torch.no_grad():
-            energy.unary.weight.copy_(w)
-            energy.unary.bias.copy_(b)
-            energy.edge_weight.zero_()
+        w, b, objective = start  # [M, n, D], [M, n]
+        self._set_weights(w if self.num_models else w[0], b if self.num_models else b[0], torch.zeros(()))
         return objective
+
+    def _set_weights(self, w: torch.Tensor, b: torch.Tensor, edge: torch.Tensor) -> None:
+        """The energy's unary weights, biases and coupling weights, each broadcast to its parameter's shape."""
+        energy = self.energy
+        with torch.no_grad():
+            energy.unary.weight.copy_(w.expand_as(energy.unary.weight))
+            energy.unary.bias.copy_(b.expand_as(energy.unary.bias))
+            energy.edge_weight.copy_(edge.expand_as(energy.edge_weight))
 
 
 class Independent(M3N):
@@ -370,12 +370,8 @@ class Greedy(_StructureSearch):
         together they are the forest's model (the objective splits over components), so the fit starts near its
         optimum, and a run whose time budget the search spent predicts with them instead of with zeros."""
         W, b, pair = weights
-        energy = self.energy
-        i, j = energy.graph.edges.T
-        with torch.no_grad():
-            energy.unary.weight.copy_(W.expand_as(energy.unary.weight))
-            energy.unary.bias.copy_(b.expand_as(energy.unary.bias))
-            energy.edge_weight.copy_(pair[i, j].expand_as(energy.edge_weight))
+        i, j = self.energy.graph.edges.T
+        self._set_weights(W, b, pair[i, j])
 
     def _search(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The greedy forest [E] (bool over the candidate graph) and its component models' weights."""

@@ -213,7 +213,7 @@ class MAM(StructuredLearner):
                    ) -> torch.Tensor | None:
         """With ``independent_start``: every tree at Independent's solution, its edge tables at 0. A tree's node
         table [-s/2, s/2] of a score s costs half of s's l2, so each tree's model is Independent's at lambda / 2."""
-        start = self.independent_solution(x, y, lam / 2, mask) if self.hparams.independent_start else None
+        start = self.independent_solution(x, y, lam / 2, mask)
         if start is None:
             return None
         T, energy = self.trees.num_graphs, self.energy
