@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The CUDA half of the checks, in one prepared run for a lent GPU (each step time-boxed, none stops the others):
 # the CUDA tests, the tree / k-best / smoothed-LP benchmarks on CUDA (JSON), every learner trained on the GPU
-# (emotions), the tree learners on the large sets side by side ($BIG_DATA, $BIG_MODELS, $BIG_BUDGET), then the whole
-# suite in parallel (until $DEADLINE). TREE=1 adds bench_tree on CUDA.
+# (emotions; $MODELS), the structure steps' profile at delicious's size (scripts/profile_structure.py), the tree
+# learners on the large sets side by side ($BIG_DATA, $BIG_MODELS, $BIG_BUDGET), then the whole suite in parallel
+# (until $DEADLINE). The fused CPU kernels (a GPU run's CPU parts: Independent's start, CRANK's refit) are built
+# first, once. TREE=1 adds bench_tree on CUDA; BENCH=0 leaves out bench_smoothed and bench_kbest.
 #
 #     OUT=/tmp/cuda bash scripts/cuda_checks.sh       # results: $OUT/*.json, $OUT/cuda_checks.log, $OUT/big.log
 #
@@ -32,11 +34,16 @@ step() {  # step <seconds> <name> <command...>
 
 step 20 env $PY -c "import torch, lightning, hydra, torchmetrics; print(torch.__version__, torch.version.cuda,
 torch.cuda.get_device_name(), lightning.__version__, hydra.__version__, torchmetrics.__version__)"
+step 150 build-kernels $PY -c "from structtorch.inference import fused; fused.kernels(); print(fused.build_directory())"
 step 80 cuda-tests $PY -m pytest -q -p no:cacheprovider -rfE tests -k "cuda or gpu"
 [ -n "${TREE:-}" ] && step 90 bench-tree $PY scripts/bench_tree.py --device cuda --out "$OUT/bench_tree_cuda.json"
-step 45 bench-smoothed $PY scripts/bench_smoothed.py --device cuda --quick --out "$OUT/bench_smoothed_cuda.json"
-step 40 bench-kbest $PY scripts/bench_kbest.py --device cuda --quick --out "$OUT/bench_kbest_cuda.json"
-models=independent,fixed_tree,full,crank,greedy,mst,project,rta,mam,tree_crf
+if [ "${BENCH:-1}" != 0 ]; then
+    step 45 bench-smoothed $PY scripts/bench_smoothed.py --device cuda --quick --out "$OUT/bench_smoothed_cuda.json"
+    step 40 bench-kbest $PY scripts/bench_kbest.py --device cuda --quick --out "$OUT/bench_kbest_cuda.json"
+fi
+step 100 profile-structure $PY scripts/profile_structure.py --devices cuda --iterations 2 \
+    --out "$OUT/profile_structure_cuda.json"
+models=${MODELS:-independent,fixed_tree,full,crank,greedy,mst,project,rta,mam,tree_crf}
 step 100 train-emotions $PY -m structtorch.train -m "model=$models" data=mulan data.name=emotions trainer=gpu \
     trainer.time_budget=6 logger=none hydra.sweep.dir=/tmp/cuda_runs/emotions
 # the large sets' learners side by side on the one GPU (their own processes), each with budget $BIG_BUDGET s

@@ -191,6 +191,28 @@ def test_structure_is_learned_from_score_rows_of_the_training_rows():
     assert not torch.allclose(alone.edge_score, every.edge_score)  # all 300 rows score differently
 
 
+@pytest.mark.parametrize("accelerator", ["cpu"] + (["gpu"] if torch.cuda.is_available() else []))
+def test_structure_is_learned_on_the_device_the_learner_trains_on(synthetic, monkeypatch, accelerator):
+    """Lightning calls ``setup`` before it moves the learner to its device: the structure's regressions still run
+    there (in a GPU run on the CPU they took 53 s + 70 s for 256 of delicious's pairs, against 2.8 s + 2.7 s on
+    the H100)."""
+    import structtorch.learners.tree_crf as module
+
+    seen = []
+
+    def recording(x, y, *args, **kwargs):
+        seen.append((x.device.type, y.device.type))
+        return edge_scores(x, y, *args, **kwargs)
+
+    edge_scores = module.edge_scores
+    monkeypatch.setattr(module, "edge_scores", recording)
+    m = TreeCRF(8, 8, inputs="aligned", l2=0.1)
+    L.Trainer(accelerator=accelerator, devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
+              enable_checkpointing=False, enable_model_summary=False).fit(m, datamodule=synthetic)
+    device = "cuda" if accelerator == "gpu" else "cpu"
+    assert seen == [(device, device)] and m.fit_device.type == device and m.graph.is_tree
+
+
 def test_registered_as_tree_crf():
     assert LEARNERS["tree_crf"] is TreeCRF
 

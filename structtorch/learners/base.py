@@ -222,6 +222,12 @@ class StructuredLearner(L.LightningModule):
         with phase("start at Independent's solution"), budget_share(START_SHARE):
             return independent_svms(x, y, lam, mask, bias_reg=self.bias_reg)
 
+    @property
+    def fit_device(self) -> torch.device:
+        """The device this learner trains on: its trainer's (already known in ``setup``, before Lightning moves the
+        learner there), else the learner's own."""
+        return self._trainer.strategy.root_device if self._trainer is not None else self.device
+
     def build_structure(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """The edges to keep, bool [E] over ``self.energy.graph`` (the candidate graph), chosen from the
         training set x [N, D], y [N, n]; None (default) keeps the energy's graph as built."""

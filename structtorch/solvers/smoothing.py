@@ -487,16 +487,20 @@ class SmoothedLBFGS(SmoothedHinge):
         self.eps = torch.where(lower, self.eps * aim.clamp(0.1, 0.5), self.eps)
         self.opt.reset(lower)
 
-    def fit(self, max_iter: int = 10000, check_every: int = 20) -> GapInfo:
+    def fit(self, max_iter: int = 10000, check_every: int = 20, restore: bool = True) -> GapInfo:
         """Run until every model is certified (relative gap <= tol), ``max_iter`` iterations, or the run's time
-        budget is spent (``progress.time_budget``)."""
+        budget is spent (``progress.time_budget``); an uncertified model then goes back to its best certified point
+        (``restore_best``), unless ``restore`` is False: a fit resumed by the next call (one per training epoch) goes
+        on from where it is, as a restored point would undo each call's progress on the smoothed objective (a
+        resumed FixedTree went back to its lowest primal at every epoch and held one temperature for 10,000
+        iterations)."""
         info, idle, self.until = self.certify(), 0, max_iter
         while not bool(info.converged.all()) and self.iterations < max_iter and idle < 2 and not out_of_time():
             before = self.iterations
             self.run(min(check_every, max_iter - self.iterations))
             idle = idle + 1 if self.iterations == before else 0  # stalled even after a new temperature: give up
             info = self.certify()
-        return info if bool(info.converged.all()) else self.restore_best()
+        return info if bool(info.converged.all()) or not restore else self.restore_best()
 
     def solve(self, iterations: int | None = None) -> SmoothedLBFGS:
         """``fit()`` to the certificate (None), or exactly ``iterations`` L-BFGS iterations and a certificate of

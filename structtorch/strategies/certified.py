@@ -144,13 +144,22 @@ class LBFGSStrategy(Certified):
 
     def training_step(self, batch: tuple, batch_idx: int) -> None:
         if batch_idx == 0:  # full batch: up to solver_iters iterations per epoch
-            self.solver.fit(max_iter=self.solver.iterations + self.learner.hparams.solver_iters, check_every=20)
+            self.solver.fit(max_iter=self.solver.iterations + self.learner.hparams.solver_iters, check_every=20,
+                            restore=False)
             self.step_counter()
 
     def epoch_end(self) -> bool:
         info = self.certify()
         self.learner.log("train/eps", self.solver.eps.max())
         return self.log_certificate(info)
+
+    def train_end(self) -> None:
+        """An uncertified run ends on its best certified point (``SmoothedLBFGS.restore_best``), then as
+        ``Certified.train_end``."""
+        solver = self.solver
+        if solver.best is not None and solver.last is not None and not bool(solver.last.converged.all()):
+            self.certificate, self.stale = solver.restore_best(), False
+        super().train_end()
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.name, "eps": self.solver.eps.tolist(), "iterations": self.solver.iterations}
