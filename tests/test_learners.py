@@ -209,19 +209,27 @@ def test_certified_solver_resumes_from_a_checkpoint(dm, tmp_path, independent_st
     assert second.solver_report()["converged"] and trainer.current_epoch < 500
 
 
-def test_an_uncertified_lbfgs_run_ends_on_its_best_certified_point(dm):
+def test_an_uncertified_lbfgs_run_ends_on_its_best_certified_point(dm, tmp_path):
     """Each epoch's fit goes on from where it is; at the end of training an uncertified run goes back to its lowest
-    certified primal (here its weights thrown off after the last epoch), certified against its highest dual."""
+    certified primal (here its weights thrown off after the last epoch), certified against its highest dual, and a
+    checkpoint holds that point's weights all along."""
     model = learner("true_tree", dm, solver="lbfgs", l2=0.001, solver_iters=20)
-    make_trainer(2).fit(model, datamodule=dm)
+    trainer = make_trainer(2)
+    trainer.fit(model, datamodule=dm)
     solver = model.strategy.solver
     assert not model.solver_report()["converged"]
     best = solver.best.params.clone()
     with torch.no_grad():
         for p in solver.params:
             p += 1.0
+    solver.write_back()  # into the learner's energy (the solver may work on a float64 copy)
     thrown = solver.certify()
     assert float(thrown.primal) > float(solver.best.primal)
+    trainer.save_checkpoint(tmp_path / "thrown.ckpt")
+    saved = torch.load(tmp_path / "thrown.ckpt", weights_only=False)["state_dict"]
+    names = [name for name, _ in model.energy.named_parameters()]
+    in_checkpoint = torch.cat([saved[f"energy.{name}"].double().reshape(1, -1) for name in names], 1)
+    torch.testing.assert_close(in_checkpoint, best, rtol=1e-6, atol=1e-7)
     model.strategy.train_end()
     assert torch.equal(solver.opt.slices.flat(), best)
     assert model.solver_report()["primal"] == pytest.approx(float(solver.best.primal), rel=0, abs=0)

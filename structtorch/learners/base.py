@@ -500,6 +500,9 @@ class StructuredLearner(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = self._strategy.state_dict() if self._strategy is not None else self._strategy_state
         checkpoint["structtorch"] = {"learner": type(self).__name__, "solver": state}
+        weights = checkpoint.get("state_dict", {})
+        for name, value in (self._strategy.checkpoint_weights() if self._strategy is not None else {}).items():
+            weights[f"energy.{name}"] = value.detach().to(weights[f"energy.{name}"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Re-apply the checkpoint's structure before its weights are loaded (shapes must match); keep the

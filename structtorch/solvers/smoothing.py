@@ -459,14 +459,20 @@ class SmoothedLBFGS(SmoothedHinge):
         self.opt.forget(torch.ones_like(self.eps, dtype=torch.bool))
         self.last, self.moved = None, True
 
+    def best_params(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(back [M], params [M, P]): the models whose lowest certified primal is below their last one, and each
+        model's parameters at its lowest certified primal (the current ones where the last point is that)."""
+        back = (self.best.primal < self.last.primal).to(self.eps.device)
+        return back, torch.where(back[:, None], self.best.params, self.opt.slices.flat())
+
     def restore_best(self) -> GapInfo:
         """Put back, for each model whose lowest certified primal is below its current one, the parameters of that
         primal (a run that ends uncertified, e.g. mid-way through a lower temperature, keeps its best point);
         returns and sets their certificate against the highest dual (``certify`` took the last point into
         ``best``, so its primal is the lowest)."""
-        back = (self.best.primal < self.last.primal).to(self.eps.device)
+        back, params = self.best_params()
         if bool(back.any()):
-            self.opt.slices.set(torch.where(back[:, None], self.best.params, self.opt.slices.flat()))
+            self.opt.slices.set(params)
             self.opt.forget(back)
             self.moved = True
             self.write_back()

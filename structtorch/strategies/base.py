@@ -79,6 +79,10 @@ class Strategy:
         """What a checkpoint keeps of this strategy (None: nothing): plain values or CPU tensors."""
         return None
 
+    def checkpoint_weights(self) -> dict[str, torch.Tensor]:
+        """Energy parameters, by name, that a checkpoint holds instead of the current ones (default: none)."""
+        return {}
+
     def report(self) -> dict[str, Any]:
         """How training ended, for metrics.json."""
         return {"solver": self.name}

@@ -164,6 +164,16 @@ class LBFGSStrategy(Certified):
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.name, "eps": self.solver.eps.tolist(), "iterations": self.solver.iterations}
 
+    def checkpoint_weights(self) -> dict[str, torch.Tensor]:
+        """Each uncertified model's weights at its best certified point (where that is not the current one), so a
+        checkpoint holds the predictor the run reports at its end (``train_end``); a resumed run goes on from there."""
+        solver = getattr(self, "solver", None)
+        if solver is None or solver.best is None or solver.last is None or bool(solver.last.converged.all()):
+            return {}
+        flat = solver.best_params()[1]
+        named = list(solver.energy.named_parameters())
+        return {name: chunk.reshape(p.shape) for (name, p), chunk in zip(named, flat.split(solver.opt.slices.sizes, 1))}
+
     def report(self) -> dict[str, Any]:
         return super().report() | {"iterations": self.solver.iterations, "eps": plain(self.solver.eps)}
 
