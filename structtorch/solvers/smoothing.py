@@ -459,6 +459,11 @@ class SmoothedLBFGS(SmoothedHinge):
         self.opt.forget(torch.ones_like(self.eps, dtype=torch.bool))
         self.last, self.moved = None, True
 
+    @property
+    def uncertified(self) -> bool:
+        """Whether some model is not certified at the last certificate (False before the first one)."""
+        return self.last is not None and self.best is not None and not bool(self.last.converged.all())
+
     def best_params(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(back [M], params [M, P]): the models whose lowest certified primal is below their last one, and each
         model's parameters at its lowest certified primal (the current ones where the last point is that)."""

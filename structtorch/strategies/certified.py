@@ -156,9 +156,8 @@ class LBFGSStrategy(Certified):
     def train_end(self) -> None:
         """An uncertified run ends on its best certified point (``SmoothedLBFGS.restore_best``), then as
         ``Certified.train_end``."""
-        solver = self.solver
-        if solver.best is not None and solver.last is not None and not bool(solver.last.converged.all()):
-            self.certificate, self.stale = solver.restore_best(), False
+        if self.solver.uncertified:
+            self.certificate, self.stale = self.solver.restore_best(), False
         super().train_end()
 
     def state_dict(self) -> dict[str, Any]:
@@ -167,8 +166,8 @@ class LBFGSStrategy(Certified):
     def checkpoint_weights(self) -> dict[str, torch.Tensor]:
         """Each uncertified model's weights at its best certified point (where that is not the current one), so a
         checkpoint holds the predictor the run reports at its end (``train_end``); a resumed run goes on from there."""
-        solver = getattr(self, "solver", None)
-        if solver is None or solver.best is None or solver.last is None or bool(solver.last.converged.all()):
+        solver = self.solver
+        if not solver.uncertified:
             return {}
         flat = solver.best_params()[1]
         named = list(solver.energy.named_parameters())
