@@ -47,7 +47,7 @@ def test_ticks_are_logged_at_most_every_every_s_seconds(caplog):
     ("tree_crf", ["TreeCRF structure (180 training examples): started",
                   "TreeCRF structure (180 training examples) > inputs of each label (l1): started",
                   "TreeCRF structure (180 training examples) > edge scores (dci) of 6 label pairs: started"]),
-    ("crank", ["CRANK (cccp), epoch 1: started"]),
+    ("crank", ["CRANK (cccp): set-up > start at Independent's solution: started", "CRANK (cccp), epoch 1: started"]),
     ("full", ["Full (lbfgs): set-up > start at Independent's solution: started", "Full (lbfgs), epoch 1: started"]),
     ("rta", ["RTA (bcfw), epoch 1: started"]),
 ])

@@ -145,31 +145,36 @@ def edge_mask(sub: Graph, candidate: Graph) -> torch.Tensor:
 
 def train_forests(x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor, lam: float, bias_reg: float = 1e-4,
                   tol: float = 1e-3, margin_scale: float = 1.0, start: tuple[SmoothedLBFGS, int] | None = None,
-                  iterations: int | None = None, spin: bool = False, graph: Graph | None = None) -> SmoothedLBFGS:
+                  iterations: int | None = None, spin: bool = False, graph: Graph | None = None,
+                  weights: tuple[FinleyJoachimsEnergy, torch.Tensor] | None = None) -> SmoothedLBFGS:
     """M3N on each of M forests, all trained as one batched model to a relative duality gap <= tol.
 
     x [N, D], y [N, n] long; forests: bool [M, E] over ``graph``'s edges (default ``Graph.complete(n)``), each
     row a forest.
     start: (solver, m) of an earlier call: every model starts from its model m (weights, zero on the edges
     outside m's forest, and temperature), e.g. a forest grown by one edge starts from the forest's
-    optimum. iterations: instead of certifying at tol, that many L-BFGS iterations at the starting
-    temperature, then one certificate. spin: as ``FinleyJoachimsEnergy``. Returns the solver (``.last``: the
-    certificate [M], ``.energy``: the weights; exact tree inference per model: ``ForestSmoothedMax``)."""
+    optimum. weights: (a one-model energy on ``graph``, about its objective [1]) to start every model at, at a
+    temperature low enough to keep it (``SmoothedLBFGS.start_near_optimum``). iterations: instead of certifying at
+    tol, that many L-BFGS iterations at the starting temperature, then one certificate. spin: as
+    ``FinleyJoachimsEnergy``. Returns the solver (``.last``: the certificate [M], ``.energy``: the weights; exact
+    tree inference per model: ``ForestSmoothedMax``)."""
     n = y.shape[1]
     graph = Graph.complete(n) if graph is None else graph
     energy = FinleyJoachimsEnergy(x.shape[1], n, graph, num_models=forests.shape[0], spin=spin).to(torch.float64)
     energy.edge_mask.copy_(forests)
-    if start is not None:
-        old, m = start
+    source, m = (start[0].energy, start[1]) if start is not None else (weights[0], 0) if weights else (None, 0)
+    if source is not None:
         with torch.no_grad():
-            for p, q in zip(energy.parameters(), old.energy.parameters()):
+            for p, q in zip(energy.parameters(), source.parameters()):
                 p.copy_(q[m].expand_as(p))
-            energy.edge_weight.mul_(old.energy.edge_mask[m])
+            energy.edge_weight.mul_(source.edge_mask[m])
     smax = ForestSmoothedMax(forests, graph)
     solver = SmoothedLBFGS(energy, x, y, lam, smoothed_max=smax, exact_max=smax.exact, margin_scale=margin_scale,
                            bias_reg=bias_reg, tol=tol)
     if start is not None:
         solver.eps = start[0].eps[start[1]].expand_as(solver.eps).clone()
+    elif weights is not None:
+        solver.start_near_optimum(weights[1].to(solver.eps).expand_as(solver.eps))
     return solver.solve(iterations)
 
 
