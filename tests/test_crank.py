@@ -210,6 +210,18 @@ def test_crank_refit_trains_its_forest_on_the_forests_own_edges(small, monkeypat
     assert forest_primal(model, x, y) == pytest.approx(float(masked.last.primal[0]), rel=2e-3)
 
 
+def test_crank_stopped_by_another_limit_says_its_forest_was_not_retrained(small):
+    """Stopped by a limit that is not the search's own (here trainer.max_steps): no refit, and the warning says so
+    and what the model predicts with."""
+    model = CRANK(small.num_features, small.num_labels, **CRANK_KWARGS)
+    L.Trainer(accelerator="cpu", max_epochs=60, max_steps=1, logger=False, enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False).fit(model, datamodule=small)
+    assert model.strategy.outer_iterations == 1 and model.strategy.refit is None
+    warning = model.strategy.warning()
+    assert "search on 300 of the 300 training rows ended: its forest was not retrained to its certificate" in warning
+    assert model.graph.is_forest or "it predicts with the smoothed LP on" in warning
+
+
 def test_crank_search_out_of_its_time_share_retrains_the_spanning_forest_of_its_support(small, monkeypatch):
     """A search that spends its share of the time budget (half of it) stops after that CCCP iteration, not yet
     stationary, and retrains the maximum spanning forest of |w_pair| over the best restart's support."""

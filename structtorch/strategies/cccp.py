@@ -206,11 +206,12 @@ class CCCP(Strategy):
 
     def warning(self) -> str | None:
         learner = self.learner
-        if self.refit is None:  # stopped by another limit (max_time, max_steps, ...)
-            return (f"{type(learner).__name__} stopped before its search on {len(self.loss.y)} of the "
-                    f"{len(self.all_rows[1])} training rows ended: its forest was not retrained to its certificate")
-        if learner.graph.is_forest:
+        if self.refit is not None:
             return None
-        return (f"{type(learner).__name__} stopped at {learner.training_cap()} before its support was a forest "
-                f"(beta={float(learner.beta):g}); it predicts with the smoothed LP on "
-                f"{int(learner.energy.pairwise_weights().ne(0).sum())} edges. Raise it or model.beta.")
+        # stopped by a limit other than the search's own (max_steps, max_time, an interrupt)
+        cycles = "" if learner.graph.is_forest else (
+            f"; it predicts with the smoothed LP on {int(learner.energy.pairwise_weights().ne(0).sum())} edges "
+            f"(beta={float(learner.beta):g})")
+        return (f"{type(learner).__name__} stopped before its search on {len(self.loss.y)} of the "
+                f"{len(self.all_rows[1])} training rows ended: its forest was not retrained to its certificate"
+                f"{cycles}")
