@@ -204,7 +204,9 @@ def test_crank_refit_trains_its_forest_on_the_forests_own_edges(small, monkeypat
     forest[forest.nonzero()[0]] = False  # a forest, not a spanning tree
     seen = []
     monkeypatch.setattr(crank, "train_forests", lambda *a, **k: seen.append(k["graph"]) or train_forests(*a, **k))
-    model.refit_forest(x, y, forest, 1, torch.tensor(1.0))
+    start = (model.restart_energy.unary.weight[1].detach(), model.restart_energy.unary.bias[1].detach(),
+             torch.ones(1))
+    model.refit_forest(x, y, forest, start)
     assert [g.num_edges for g in seen] == [int(forest.sum())] and torch.equal(model.graph.edges, graph.edges[forest])
     masked = train_forests(x.double(), y, forest[None], 0.01, model.bias_reg, tol=1e-3, spin=True, graph=graph)
     assert forest_primal(model, x, y) == pytest.approx(float(masked.last.primal[0]), rel=2e-3)

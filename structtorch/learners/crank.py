@@ -9,7 +9,7 @@ CCCP searches within half of the time budget; on a training set of more than ``s
 restarts x rows x candidate edges would exceed ``MAX_EDGE_ROWS`` per smoothed-LP evaluation) on a seeded subset of
 the rows. The forest it ends on (the maximum spanning forest of |w_pair| over the best restart's support when that
 is not yet a forest) is then retrained on every row to its certificate with exact tree inference
-(``train_forests``, from the search's weights), as MST's and Greedy's searches are: that model predicts.
+(``train_forests``, from Independent's solution), as MST's and Greedy's searches are: that model predicts.
 
 One Lightning epoch = one CCCP iteration; logged: train/objective, train/beta, train/circuit_rank,
 train/nonzero_edges (of the best restart), and train/forests (restarts whose support is a forest).
@@ -113,29 +113,24 @@ class CRANK(Full):
             log.info("%s: CCCP searches%s", type(self).__name__, note)
         return x, y
 
-    def refit_forest(self, x: torch.Tensor, y: torch.Tensor, forest: torch.Tensor, b: int,
-                     objective: torch.Tensor) -> dict[str, Any]:
+    def refit_forest(self, x: torch.Tensor, y: torch.Tensor, forest: torch.Tensor,
+                     start: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> dict[str, Any]:
         """The M3N on ``forest`` (bool [E] over the candidate graph) trained on x [N, D], y [N, n] to its
         certificate with exact tree inference (``train_forests``) becomes the predictor; returns that certificate.
-        It starts at Independent's solution on those rows (``independent_solution``), as FixedTree does, else at
-        restart b's weights on the forest, whose CCCP objective is about ``objective``. (From the search's weights,
-        biased by its smoothing, the refit on medical-shaped data was not certified in 10,000 iterations.)"""
+        start: (unary weights [n, D], biases [n], their objective [1], about) it starts at, couplings 0
+        (``CCCP.refit_start``: Independent's solution, as FixedTree's fit starts)."""
         hp, graph, forest = self.hparams, self.restart_energy.graph, forest.cpu()
         own = Graph.from_mask(forest, graph)  # trained on its own edges: no masked candidate edges in the passes
-        start = self.m3n_energy(own, 1).to(torch.float64)
-        independent = self.independent_solution(x.cpu(), y.cpu(), self.l2_grid[0], None)
+        w, b, objective = start
+        initial = self.m3n_energy(own, 1).to(torch.float64)
         with torch.no_grad():
-            for (name, p), q in zip(start.named_parameters(), self.restart_energy.parameters()):
-                p.copy_(q[b, forest.to(q.device)] if name == "edge_weight" else q[b])
-            if independent is not None:
-                start.unary.weight.copy_(independent[0])
-                start.unary.bias.copy_(independent[1])
-                start.edge_weight.zero_()
-                objective = independent[2]
+            initial.unary.weight.copy_(w)
+            initial.unary.bias.copy_(b)
+            initial.edge_weight.zero_()
         with phase(f"{type(self).__name__}: its forest of {own.num_edges} edges retrained on {len(x)} rows"):
             solver = train_forests(x.cpu().to(torch.float64), y.cpu(), torch.ones(1, own.num_edges, dtype=torch.bool),
                                    self.l2_grid[0], self.bias_reg, hp.tol, hp.margin_scale, spin=self.spin, graph=own,
-                                   weights=(start, objective.reshape(1)))
+                                   weights=(initial, objective.cpu()))
         wide = self.m3n_energy(graph, 1).to(torch.float64)  # its weights laid out on the candidate graph
         with torch.no_grad():
             for (name, p), q in zip(wide.named_parameters(), solver.energy.parameters()):

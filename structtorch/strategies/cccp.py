@@ -62,6 +62,7 @@ class CCCP(Strategy):
         self.refit: dict[str, Any] | None = None  # the certificate of the forest retrained on every row
         self.all_rows: tuple[torch.Tensor, torch.Tensor] | None = None  # (x, y): the rows the forest is retrained on
         self.search_deadline: float | None = None
+        self.independent: tuple[torch.Tensor, ...] | None = None  # Independent's solution on every row, once known
 
     def check(self) -> None:
         if self.learner.hparams.solver != "auto":
@@ -74,32 +75,49 @@ class CCCP(Strategy):
         self.outer_iterations, self.done = (state["outer_iterations"], state["done"]) if state else (0, False)
         self.refit = state.get("refit") if state and self.done else None  # cut short (max_epochs, time): search on
         self.all_rows, self.search_deadline = (x, y), share_deadline(self.search_share)
+        every_row = len(x)
         x, y = (t.to(learner.device) for t in learner.search_subset(x, y))
         if state is None:  # a fresh run: Project from Full's optimum, CRANK's restart 0 from Independent's
             with until(self.search_deadline):
                 if self.from_full:
                     self.full_certificate = self.train_full(x, y)
                 else:
-                    self.start_at_independent(x, y, slice(0, 1))
+                    start = self.start_at_independent(x, y, slice(0, 1))
+                    self.independent = start if len(x) == every_row else None  # also the refit's start
         self.loss = SmoothedHinge(self.energy, x, y, learner.l2_grid[0],  # l(w) [R]
                                   smoothed_max=LPSmoothedMax(hp.predict_iters, tol=hp.lp_tol), eps=hp.eps,
                                   margin_scale=hp.margin_scale, bias_reg=self.learner.bias_reg)
         self.v = torch.zeros_like(self.energy.edge_weight)
         self.fista = BatchedFISTA(self.loss.params, self.smooth_part, self.l1_weights())
 
-    def start_at_independent(self, x: torch.Tensor, y: torch.Tensor, restarts: slice) -> torch.Tensor | None:
+    def start_at_independent(self, x: torch.Tensor, y: torch.Tensor, restarts: slice
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """Independent's solution on x [N, D], y [N, n] (``independent_solution``, couplings 0) into ``restarts``
-        of the energy; returns its objective [1], or None where the learner has no such start."""
+        of the energy; returns it (weights [1, n, D], biases [1, n], objective [1]), or None where the learner has
+        no such start."""
         start = self.learner.independent_solution(x, y, self.learner.l2_grid[0], None)
         if start is None:
             return None
-        w, b, objective = start  # [1, n, D], [1, n], [1]
+        w, b, _ = start
         energy = self.energy
         with torch.no_grad():
             energy.unary.weight[restarts] = w.to(energy.unary.weight)
             energy.unary.bias[restarts] = b.to(energy.unary.bias)
             energy.edge_weight[restarts] = 0.0
-        return objective
+        return start
+
+    def refit_start(self, b: int, objective: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where the forest's refit on every row starts (couplings 0): Independent's solution on every row (the one
+        restart 0 started at when the search had every row), else, where the learner has no such start, restart
+        b's unary weights, whose CCCP objective is ``objective``. Returns weights [n, D], biases [n], objective
+        [1] (about). (From the search's own weights, biased by its smoothing, the refit on medical-shaped data was
+        not certified in 10,000 iterations.)"""
+        x, y = self.all_rows
+        start = self.independent if self.independent is not None else self.learner.independent_solution(
+            x, y, self.learner.l2_grid[0], None)
+        if start is not None:
+            return start[0][0], start[1][0], start[2]
+        return self.energy.unary.weight[b].detach(), self.energy.unary.bias[b].detach(), objective.reshape(1)
 
     def train_full(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
         """Full's certified optimum on the complete graph into every restart (Project's start), from Independent's
@@ -112,7 +130,7 @@ class CCCP(Strategy):
         full = SmoothedLBFGS(self.energy, x, y, self.learner.l2_grid[0], smoothed_max=self.learner.smoothed_max(),
                              margin_scale=hp.margin_scale, bias_reg=self.learner.bias_reg, tol=hp.tol)
         if start is not None:
-            full.start_near_optimum(start.expand(hp.restarts))
+            full.start_near_optimum(start[2].expand(hp.restarts))
         info = full.fit()
         return {"relative_gap": info.relative_gap.tolist(), "converged": info.converged.tolist()}
 
@@ -166,7 +184,8 @@ class CCCP(Strategy):
         if ended:  # the search's forest, retrained on every row with exact inference to its certificate, predicts
             if tree is None:
                 tree = max_spanning_tree(self.energy.edge_weight[b].detach().abs(), graph) & support[b]
-            self.refit = learner.refit_forest(*self.all_rows, tree.cpu(), b, h[b]) | {"after": ended}
+            self.refit = learner.refit_forest(*self.all_rows, tree.cpu(), self.refit_start(b, h[b])) | {
+                "after": ended}
         else:
             learner.use_restart(b, tree)
         stats = {"train/objective": float(h[b]), "train/beta": float(learner.beta),
