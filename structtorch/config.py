@@ -119,6 +119,7 @@ class TreeCRFConfig(ModelConfig):
     score_folds: int = 5  # CV folds choosing each edge-score regression's l2 penalty
     candidates: Any = 10  # scores for each label's `candidates` most dependent partners; complete graph while small
     score_rows: Any = 2000  # int or None: inputs and edge scores from at most this many training rows (seeded subset)
+    cv_folds: int = 3  # model.l2=auto: lambda by cv_folds-fold CV on at most score_rows rows (TreeCRF.choose_l2)
 
 
 @dataclass

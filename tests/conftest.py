@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import logging
 
+import lightning as L
 import pytest
 import torch
 from hypothesis import strategies as st
 
 from structtorch import Graph, Potentials
+from structtorch.data.datamodule import indexed_dataset
 
 # The tests run many tiny tensor ops: one intra-op thread avoids the thread-pool spin/wake costs
 # that dominate (and swing wildly) on a small or loaded machine.
@@ -325,3 +327,18 @@ def fused_kernels():
 
     with backend("fused"):
         yield
+
+
+def fit_tensors(model: L.LightningModule, x: torch.Tensor, y: torch.Tensor, max_epochs: int = 1) -> L.LightningModule:
+    """``model`` fitted on x [N, D], y [N, n] in one full batch (a datamodule with ``train_tensors``), on the CPU."""
+    loader = torch.utils.data.DataLoader(indexed_dataset(x, y), batch_size=len(x))
+
+    class Data(L.LightningDataModule):
+        train_tensors = (x, y)
+
+        def train_dataloader(self):
+            return loader
+
+    L.Trainer(max_epochs=max_epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False).fit(model, datamodule=Data())
+    return model

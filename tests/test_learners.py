@@ -354,15 +354,19 @@ def test_base_learner_with_explicit_energy(dm):
 @pytest.mark.parametrize("name", ["independent", "tree_crf", "rta"])
 def test_default_l2_scales_with_the_training_set(name, dm):
     """model.l2=auto is the learner's auto_l2 / N at fit start (in metrics.json's solver report): the same weight
-    per example at any N (TreeCRF: at most 0.3); a given l2 is kept as given."""
+    per example at any N (TreeCRF: at most 0.3, where its CV path starts); a given l2 is kept as given."""
     x, y = dm.train_tensors
     for rows in (len(x), len(x) // 3):
         small = SyntheticDataModule(num_train=rows, num_test=10, num_labels=dm.num_labels, val_fraction=0.0, seed=0)
         model = LEARNERS[name](dm.num_features, dm.num_labels)
         L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                   enable_model_summary=False).fit(model, datamodule=small)
-        cap = model.max_auto_l2 or float("inf")
-        assert model.solver_report()["l2"] == [pytest.approx(min(model.auto_l2 / rows, cap))]
+        auto = min(model.auto_l2 / rows, model.max_auto_l2 or float("inf"))
+        if name == "tree_crf":
+            assert model.cv_report["l2"][0] == pytest.approx(auto)
+            assert model.solver_report()["l2"] == [model.cv_report["chosen_l2"]]
+        else:
+            assert model.solver_report()["l2"] == [pytest.approx(auto)]
     if name == "tree_crf":  # a training set too small for 200 / N: the cap
         assert LEARNERS[name](dm.num_features, dm.num_labels).resolve_l2(100) == [0.3]
     given = LEARNERS[name](dm.num_features, dm.num_labels, l2=0.25)

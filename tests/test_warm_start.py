@@ -4,12 +4,11 @@ time budget cuts short is not left far below Independent (Full at bibtex's size 
 
 from __future__ import annotations
 
-import lightning as L
 import pytest
 import torch
+from conftest import fit_tensors as fit
 
 from structtorch.data import sparse_multilabel
-from structtorch.data.datamodule import indexed_dataset
 from structtorch.learners import CRANK, MAM, Full
 from structtorch.metrics import multilabel_metrics
 from structtorch.solvers import DualCD, independent_svms
@@ -27,20 +26,6 @@ def text_like() -> tuple[torch.Tensor, ...]:
     """Medical-shaped rows: 40 labels, most of them rare, 600 sparse binary features; 600 to train, 300 to test."""
     x, y = sparse_multilabel(900, num_features=600, num_labels=40, seed=1)
     return x[:N_TRAIN], y[:N_TRAIN], x[N_TRAIN:], y[N_TRAIN:]
-
-
-def fit(model: L.LightningModule, x: torch.Tensor, y: torch.Tensor, max_epochs: int = 1) -> L.LightningModule:
-    loader = torch.utils.data.DataLoader(indexed_dataset(x, y), batch_size=len(x))
-
-    class Data(L.LightningDataModule):
-        train_tensors = (x, y)
-
-        def train_dataloader(self):
-            return loader
-
-    L.Trainer(max_epochs=max_epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
-              enable_progress_bar=False, enable_model_summary=False).fit(model, datamodule=Data())
-    return model
 
 
 def subset_acc(y_hat: torch.Tensor, y: torch.Tensor) -> float:

@@ -348,22 +348,27 @@ class StructuredLearner(L.LightningModule):
         only) and predict with its whole-training-set model; returns (and keeps) ``cv_report``."""
         if self.num_models is None:
             return None
-        hp, k = self.hparams, self.hparams.cv_folds
         x, y = _training_tensors(self.trainer)
-        fold = self.cv_folds_of(len(x))
-        dtype = next(self.energy.parameters()).dtype
-        scores = []
-        with torch.no_grad():
-            y_hat = torch.cat([self._predict(self.energy(x[i].to(self.device, dtype))).cpu()
-                               for i in torch.arange(len(x)).split(1024)], -2)  # [M, N, n]
-        for g in range(len(self.l2_grid)):
-            per_fold = [_cv_score(hp.cv_metric, y_hat[g * (k + 1) + f][fold == f], y[fold == f]) for f in range(k)]
-            scores.append(sum(per_fold) / k)
-        best = max(range(len(scores)), key=lambda g: (scores[g], self.l2_grid[g]))  # ties: the stronger l2
+        grid = self.l2_grid
+        scores = self.cv_scores(self.energy, x, y, len(grid), self.hparams.cv_folds + 1)
+        best = max(range(len(grid)), key=lambda g: (scores[g], grid[g]))  # ties: the stronger l2
         self.selected_model.fill_(self._full_model(best))
-        self.cv_report = {"metric": hp.cv_metric, "folds": k, "l2": list(self.l2_grid), "scores": scores,
-                          "chosen_l2": self.l2_grid[best]}
+        self.cv_report = {"metric": self.hparams.cv_metric, "folds": self.hparams.cv_folds, "l2": list(grid),
+                          "scores": scores, "chosen_l2": grid[best]}
         return self.cv_report
+
+    def cv_scores(self, energy: Energy, x: torch.Tensor, y: torch.Tensor, num_lambdas: int, stride: int
+                  ) -> list[float]:
+        """The mean held-out ``cv_metric`` of each of ``num_lambdas`` lambdas, from the batched ``energy`` whose model
+        g * stride + f is lambda g trained without fold f (``cv_folds_of``) of x [N, D], y [N, n]."""
+        hp, k = self.hparams, self.hparams.cv_folds
+        fold = self.cv_folds_of(len(x))
+        weight = next(energy.parameters())
+        with torch.no_grad():
+            y_hat = torch.cat([self._predict(energy(x[i].to(weight.device, weight.dtype))).cpu()
+                               for i in torch.arange(len(x)).split(1024)], -2)  # [M, N, n]
+        return [sum(_cv_score(hp.cv_metric, y_hat[g * stride + f][fold == f], y[fold == f]) for f in range(k)) / k
+                for g in range(num_lambdas)]
 
     def on_fit_start(self) -> None:
         x, y = _training_tensors(self.trainer)

@@ -16,7 +16,7 @@ from ..progress import OutOfTime, out_of_time, phase, tick
 from ..solvers import BCFW, DualCD, GapInfo, SmoothedLBFGS
 from .base import Strategy
 
-__all__ = ["BCFWStrategy", "Certified", "DCDStrategy", "LBFGSStrategy"]
+__all__ = ["BCFWStrategy", "Certified", "DCDStrategy", "LBFGSStrategy", "lbfgs_solver"]
 
 
 class Certified(Strategy):
@@ -126,16 +126,11 @@ class LBFGSStrategy(Certified):
                              f"none: use solver=adam")
 
     def setup(self, x: torch.Tensor, y: torch.Tensor, state: dict[str, Any] | None = None) -> None:
-        learner, hp = self.learner, self.learner.hparams
+        learner = self.learner
         x, labels = self.training_tensors(x, y)
         lam, mask = learner.grid_models(len(x))
         start = learner.warm_start(x, y.to(x.device), lam, mask) if state is None else None  # resumed: as saved
-        crf, graph = hp.loss == "crf", learner.graph
-        entries = len(x) * (graph.num_nodes + graph.num_edges) * (lam.numel() if torch.is_tensor(lam) else 1) * 4
-        self.solver = SmoothedLBFGS(learner.energy, x, labels, lam, smoothed_max=learner.smoothed_max(),
-                                    margin_scale=0.0 if crf else hp.margin_scale, bias_reg=learner.bias_reg, tol=hp.tol,
-                                    eps=1.0 if crf else None, mask=mask,
-                                    dtype=torch.float32 if entries > FLOAT32_ABOVE else torch.float64)
+        self.solver = lbfgs_solver(learner, learner.energy, x, labels, lam, mask)
         if start is not None:
             self.solver.start_near_optimum(start)
         if state is not None:  # from the checkpoint's weights, at its temperature
@@ -332,6 +327,20 @@ class BCFWStrategy(Certified):
     def report(self) -> dict[str, Any]:
         report = super().report()
         return report | ({"inference": {"train": self.train_stats}} if self.train_stats else {})
+
+
+def lbfgs_solver(learner, energy, x: torch.Tensor, labels: torch.Tensor, lam: float | torch.Tensor,
+                 mask: torch.Tensor | None, tol: float | None = None) -> SmoothedLBFGS:
+    """The ``SmoothedLBFGS`` of ``learner``'s objective (its loss, margin, bias_reg and tol, unless ``tol`` is given)
+    for ``energy`` on x [N, D], labels [N, n], at lambda ``lam`` (a float or [M]) on the rows ``mask`` [M, N] (None:
+    all); in float64, or in float32 for problems of more than ``FLOAT32_ABOVE`` potential entries."""
+    hp, graph = learner.hparams, energy.graph
+    crf = hp.loss == "crf"
+    entries = len(x) * (graph.num_nodes + graph.num_edges) * (lam.numel() if torch.is_tensor(lam) else 1) * 4
+    return SmoothedLBFGS(energy, x, labels, lam, smoothed_max=learner.smoothed_max(),
+                         margin_scale=0.0 if crf else hp.margin_scale, bias_reg=learner.bias_reg,
+                         tol=hp.tol if tol is None else tol, eps=1.0 if crf else None, mask=mask,
+                         dtype=torch.float32 if entries > FLOAT32_ABOVE else torch.float64)
 
 
 def plain(t: torch.Tensor) -> float | bool | list:
