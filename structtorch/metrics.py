@@ -20,7 +20,11 @@ from torchmetrics.utilities import dim_zero_cat
 from .graph import Graph
 
 __all__ = ["ExampleCounts", "ExampleF1", "HammingAccuracy", "MacroF1", "MicroF1", "PerLabelCounts", "SubsetAccuracy",
-           "edge_recovery", "multilabel_metrics", "multilabel_scores", "segmentation_scores"]
+           "EXAMPLE_METRICS", "edge_recovery", "example_scores", "multilabel_metrics", "multilabel_scores",
+           "segmentation_scores"]
+
+#: the metrics that score each example on its own (``example_scores``): their values are the means over examples
+EXAMPLE_METRICS = ("hamming_acc", "subset_acc", "example_f1")
 
 
 def _check(preds: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,6 +49,20 @@ def _f1(tp: torch.Tensor, fp: torch.Tensor, fn: torch.Tensor, zero_division: flo
     tp, fp, fn = tp.double(), fp.double(), fn.double()
     denom = 2 * tp + fp + fn
     return torch.where(denom > 0, 2 * tp / denom.clamp(min=1), torch.full_like(denom, zero_division))
+
+
+def example_scores(name: str, preds: torch.Tensor, target: torch.Tensor, zero_division: float = 1.0) -> torch.Tensor:
+    """Each example's ``name`` (one of ``EXAMPLE_METRICS``) [B] (float64) from preds, target [B, L] in {0, 1}: the
+    fraction of its labels right, whether all of them are, or its F1 (``ExampleF1``; ``zero_division`` when both
+    label sets are empty)."""
+    p, t = _check(preds, target)
+    if name == "hamming_acc":
+        return (p == t).double().mean(-1)
+    if name == "subset_acc":
+        return (p == t).all(-1).double()
+    if name == "example_f1":
+        return _f1((p & t).sum(-1), (p & ~t).sum(-1), (~p & t).sum(-1), zero_division)
+    raise ValueError(f"example_scores: name must be one of {EXAMPLE_METRICS}, got {name!r}")
 
 
 class _MultilabelMetric(Metric):
@@ -103,11 +121,9 @@ class ExampleF1(_MultilabelMetric):
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
         """preds, target: [B, L] in {0, 1}."""
-        p, t = _check(preds, target)
-        tp = (p & t).sum(-1)
-        f1 = _f1(tp, (p & ~t).sum(-1), (~p & t).sum(-1), self.zero_division)
+        f1 = example_scores("example_f1", preds, target, self.zero_division)
         self.f1_sum += f1.sum().to(self.f1_sum.dtype)
-        self.total += t.shape[0]
+        self.total += target.shape[0]
 
     def compute(self) -> torch.Tensor:
         return (self.f1_sum / self.total.clamp(min=1)).float()

@@ -14,6 +14,7 @@ from structtorch.metrics import (
     MicroF1,
     SubsetAccuracy,
     edge_recovery,
+    example_scores,
     multilabel_metrics,
     multilabel_scores,
 )
@@ -27,6 +28,18 @@ T = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 1, 0], [0, 0, 1]])
 #   label 2 (fp 1, fn 1) 0 -> 1/2
 EXPECTED = {"hamming_acc": 8 / 12, "subset_acc": 2 / 4, "example_f1": 2.5 / 4, "micro_f1": 0.6,
             "macro_f1": 0.5}
+
+
+def test_example_scores_are_each_rows_metric_by_hand():
+    """Per row (the comment above): Hamming 1/3, 1, 1, 1/3; subset 0, 1, 1, 0; F1 1/2, 1, 1, 0. Their means are the
+    metrics' values (what a CV of lambda averages)."""
+    by_row = {"hamming_acc": [1 / 3, 1, 1, 1 / 3], "subset_acc": [0, 1, 1, 0], "example_f1": [0.5, 1, 1, 0]}
+    for name, rows in by_row.items():
+        scores = example_scores(name, P, T)
+        assert scores.dtype == torch.float64 and scores.tolist() == pytest.approx(rows)
+        assert float(scores.mean()) == pytest.approx(EXPECTED[name])
+    with pytest.raises(ValueError, match="name must be one of"):
+        example_scores("micro_f1", P, T)
 
 
 def _reference(p: np.ndarray, t: np.ndarray) -> dict[str, float]:

@@ -27,7 +27,7 @@ from ..folds import fold_assignment
 from ..graph import Graph, check_float, check_int
 from ..inference import tree_f1, tree_kbest, tree_map, tree_mpm
 from ..losses import crf_nll, map_value, smoothed_lp_hinge, structured_hinge, zero_one_hinge
-from ..metrics import ExampleF1, HammingAccuracy, PerLabelCounts, SubsetAccuracy, multilabel_metrics
+from ..metrics import EXAMPLE_METRICS, PerLabelCounts, example_scores, multilabel_metrics
 from ..plots import close_figure, per_label_figure, structure_figure
 from ..potentials import Potentials
 from ..progress import budget_share, out_of_time, phase
@@ -140,8 +140,8 @@ class StructuredLearner(L.LightningModule):
             raise ValueError(f"bcfw_averaging must be a bool, got {bcfw_averaging!r}")
         self._l2_grid = _check_l2(l2)  # None for "auto" until resolve_l2
         check_int(cv_folds, "cv_folds", 2)
-        if cv_metric not in CV_METRICS:
-            raise ValueError(f"cv_metric must be one of {sorted(CV_METRICS)}, got {cv_metric!r}")
+        if cv_metric not in EXAMPLE_METRICS:
+            raise ValueError(f"cv_metric must be one of {sorted(EXAMPLE_METRICS)}, got {cv_metric!r}")
         #: None for one l2; else the batched models of the grid, len(l2) * (cv_folds + 1)
         self.num_models = None if self._l2_grid is None or len(self._l2_grid) == 1 else \
             len(self._l2_grid) * (cv_folds + 1)
@@ -350,7 +350,7 @@ class StructuredLearner(L.LightningModule):
             return None
         x, y = _training_tensors(self.trainer)
         grid = self.l2_grid
-        scores = self.cv_scores(self.energy, x, y, len(grid), self.hparams.cv_folds + 1)
+        scores = self.cv_scores(self.energy, x, y, len(grid), self.hparams.cv_folds + 1).mean(1).tolist()
         best = max(range(len(grid)), key=lambda g: (scores[g], grid[g]))  # ties: the stronger l2
         self.selected_model.fill_(self._full_model(best))
         self.cv_report = {"metric": self.hparams.cv_metric, "folds": self.hparams.cv_folds, "l2": list(grid),
@@ -358,17 +358,18 @@ class StructuredLearner(L.LightningModule):
         return self.cv_report
 
     def cv_scores(self, energy: Energy, x: torch.Tensor, y: torch.Tensor, num_lambdas: int, stride: int
-                  ) -> list[float]:
-        """The mean held-out ``cv_metric`` of each of ``num_lambdas`` lambdas, from the batched ``energy`` whose model
-        g * stride + f is lambda g trained without fold f (``cv_folds_of``) of x [N, D], y [N, n]."""
-        hp, k = self.hparams, self.hparams.cv_folds
+                  ) -> torch.Tensor:
+        """Each example's held-out ``cv_metric`` under each of ``num_lambdas`` lambdas [G, N] (float64), from the
+        batched ``energy`` whose model g * stride + f is lambda g trained without fold f (``cv_folds_of``) of x [N, D],
+        y [N, n]: every example scored by the model that did not train on it."""
         fold = self.cv_folds_of(len(x))
         weight = next(energy.parameters())
         with torch.no_grad():
             y_hat = torch.cat([self._predict(energy(x[i].to(weight.device, weight.dtype))).cpu()
                                for i in torch.arange(len(x)).split(1024)], -2)  # [M, N, n]
-        return [sum(_cv_score(hp.cv_metric, y_hat[g * stride + f][fold == f], y[fold == f]) for f in range(k)) / k
-                for g in range(num_lambdas)]
+        rows = torch.arange(len(x))
+        return torch.stack([example_scores(self.hparams.cv_metric, y_hat[g * stride + fold, rows], y)
+                            for g in range(num_lambdas)])
 
     def on_fit_start(self) -> None:
         x, y = _training_tensors(self.trainer)
@@ -603,17 +604,6 @@ def _training_tensors(trainer: L.Trainer | None) -> tuple[torch.Tensor, torch.Te
                            "that has `train_tensors` or a train dataloader of (x, y[, index]) batches")
     batches = list(loader)
     return torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
-
-
-#: name -> the metric class of ``structtorch.metrics`` that scores a regularisation grid's held-out folds
-CV_METRICS: dict[str, type] = {"hamming_acc": HammingAccuracy, "subset_acc": SubsetAccuracy, "example_f1": ExampleF1}
-
-
-def _cv_score(name: str, y_hat: torch.Tensor, y: torch.Tensor) -> float:
-    """The ``CV_METRICS[name]`` value of predictions y_hat [N, n] against labels y [N, n]."""
-    metric = CV_METRICS[name]()
-    metric.update(y_hat, y)
-    return float(metric.compute())
 
 
 def _check_l2(l2: Any) -> list[float] | None:

@@ -148,14 +148,16 @@ class TreeCRF(StructuredLearner):
         """model.l2=auto: lambda by ``cv_folds``-fold CV of the CRF on the learned tree (held-out ``cv_metric``) on at
         most ``score_rows`` rows of x [N, D], y [N, n], down the path auto_l2 / N (``resolve_l2``) times
         ``auto_l2_steps``: each lambda's fold models start at the previous one's solution, and the path stops at the
-        first lambda that scores no better than the best so far, or that is not certified (to ``cv_tol``) within
-        ``cv_share`` of the time left. A fold trains at lambda * N / rows (the same weight against each example's loss
-        as on all N rows). A checkpoint keeps the choice. Sets ``l2_grid`` and ``cv_report``; returns lambda."""
+        first lambda whose held-out scores are not better than the last chosen one's by more than the standard error
+        of their paired difference (one training set's CV is noisy: flags has 116 rows), or that is not certified (to
+        ``cv_tol``) within ``cv_share`` of the time left. A fold trains at lambda * N / rows (the same weight against
+        each example's loss as on all N rows). A checkpoint keeps the choice. Sets ``l2_grid`` and ``cv_report``;
+        returns lambda."""
         if self.chosen_l2.isfinite():
             self._l2_grid = [float(self.chosen_l2)]
             return self._l2_grid[0]
         hp, auto = self.hparams, self.resolve_l2(len(x))[0]
-        k, tried, scores = hp.cv_folds, [], []
+        k, tried, scores, best, chosen = hp.cv_folds, [], [], None, auto
         xs, ys, rows = rows_at_most(x, y, hp.score_rows, "model.score_rows")
         fold = self.cv_folds_of(len(xs)).to(self.fit_device)
         mask = torch.stack([fold != f for f in range(k)])  # [k, rows]: fold f's model trains without fold f
@@ -168,12 +170,12 @@ class TreeCRF(StructuredLearner):
                 solver = lbfgs_solver(self, energy, x_fit, labels, fit, mask, tol=max(hp.tol, self.cv_tol))
                 if not bool(solver.fit().converged.all()):
                     break  # out of the CV's time: the lambdas certified so far
+                held = self.cv_scores(energy, xs, ys, 1, k)[0]  # [rows]
                 tried.append(lam)
-                scores.append(self.cv_scores(energy, xs, ys, 1, k)[0])
-                if len(scores) > 1 and scores[-1] <= max(scores[:-1]):
+                scores.append(float(held.mean()))
+                if best is not None and not _better(held, best):
                     break
-        best = max(range(len(scores)), key=lambda g: (scores[g], tried[g]), default=None)
-        chosen = auto if best is None else tried[best]
+                best, chosen = held, lam
         self.cv_report = {"metric": hp.cv_metric, "folds": k, "rows": len(xs), "l2": tried, "scores": scores,
                           "chosen_l2": chosen}
         rank_zero_info(f"{type(self).__name__}: model.l2=auto: lambda = {chosen:.4g}, by {k}-fold CV "
@@ -192,3 +194,10 @@ class TreeCRF(StructuredLearner):
         energy.unary_inputs.copy_(built.unary_inputs)
         energy.pair_inputs.copy_(built.pair_inputs)
         return energy
+
+
+def _better(held: torch.Tensor, best: torch.Tensor) -> bool:
+    """Whether held-out scores [N] beat ``best`` [N] (the same examples) by more than the standard error of the mean
+    paired difference."""
+    d = held - best
+    return bool(d.mean() > d.std() / len(d) ** 0.5)
