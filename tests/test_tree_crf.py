@@ -170,7 +170,7 @@ def test_l2_auto_is_chosen_by_cross_validation_where_the_cap_is_too_strong(monke
     """Medical-shaped rows (10 labels, 600 sparse features, 300 to train): auto_l2 / N's cap (0.3) left TreeCRF at
     71 % subset accuracy, below Independent's 75 % (at medical's shape: 46.82 against 50.39). model.l2=auto now
     chooses among multiples of it by 3-fold CV on the training rows: 0.003, and 86 %. A checkpoint keeps
-    the choice (no second CV)."""
+    the choice (no second CV). The fit starts at the mean of the chosen lambda's fold models."""
     x, y = sparse_multilabel(600, num_features=600, num_labels=10, seed=1)
     x = (x - x[:300].mean(0)) / x[:300].std(0).clamp_min(1e-6)  # standardised, as the data modules do
     w, b, _ = independent_svms(x[:300], y[:300], 100 / 300, bias_reg=1.0, tol=1e-3)
@@ -180,6 +180,8 @@ def test_l2_auto_is_chosen_by_cross_validation_where_the_cap_is_too_strong(monke
     assert report["folds"] == 3 and report["chosen_l2"] == model.l2_grid[0] < 0.3 and report["l2"][0] == 0.3
     assert model.strategy.certificate is not None and bool(model.strategy.certificate.converged.all())
     assert subset_acc(model.eval(), x[300:], y[300:]) >= independent + 0.05, independent
+    from_zero = fit_tensors(TreeCRF(600, 10, l2=model.l2_grid[0]), x[:300], y[:300], max_epochs=100)
+    assert model.strategy.solver.iterations < from_zero.strategy.solver.iterations  # it starts at the CV's models
     trainer = L.Trainer(logger=False, enable_progress_bar=False)
     trainer.strategy.connect(model)
     trainer.save_checkpoint(tmp_path / "m.ckpt")

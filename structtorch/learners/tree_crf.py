@@ -96,6 +96,7 @@ class TreeCRF(StructuredLearner):
                                    "candidates": candidates, "score_rows": score_rows})
         self.register_buffer("edge_score", torch.zeros(self.graph.num_edges, dtype=torch.float64))  # on the graph
         self.register_buffer("chosen_l2", torch.tensor(float("nan"), dtype=torch.float64))  # model.l2=auto's CV
+        self._cv_start: list[torch.Tensor] | None = None  # the fit's start from that CV (``warm_start``)
 
     def build_energy(self) -> LocalLinearEnergy:
         hp = self.hparams
@@ -151,8 +152,8 @@ class TreeCRF(StructuredLearner):
         first lambda whose held-out scores are not better than the last chosen one's by more than the standard error
         of their paired difference (one training set's CV is noisy: flags has 116 rows), or that is not certified (to
         ``cv_tol``) within ``cv_share`` of the time left. A fold trains at lambda * N / rows (the same weight against
-        each example's loss as on all N rows). A checkpoint keeps the choice. Sets ``l2_grid`` and ``cv_report``;
-        returns lambda."""
+        each example's loss as on all N rows). The fit then starts at the mean of the chosen lambda's fold models
+        (``warm_start``). A checkpoint keeps the choice. Sets ``l2_grid`` and ``cv_report``; returns lambda."""
         if self.chosen_l2.isfinite():
             self._l2_grid = [float(self.chosen_l2)]
             return self._l2_grid[0]
@@ -176,6 +177,9 @@ class TreeCRF(StructuredLearner):
                 if best is not None and not _better(held, best):
                     break
                 best, chosen = held, lam
+                self._cv_start = [p.detach().mean(0) for p in energy.parameters()]
+        if best is None:  # not certified even at auto_l2 / N: its fold models as they are
+            self._cv_start = [p.detach().mean(0) for p in energy.parameters()]
         self.cv_report = {"metric": hp.cv_metric, "folds": k, "rows": len(xs), "l2": tried, "scores": scores,
                           "chosen_l2": chosen}
         rank_zero_info(f"{type(self).__name__}: model.l2=auto: lambda = {chosen:.4g}, by {k}-fold CV "
@@ -185,6 +189,17 @@ class TreeCRF(StructuredLearner):
         self._l2_grid = [chosen]
         self.chosen_l2.fill_(chosen)
         return chosen
+
+    def warm_start(self, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None
+                   ) -> None:
+        """After the CV of model.l2=auto: the energy starts at the mean of the chosen lambda's fold models (of the
+        first lambda's, as far as they got, where the CV's time ran out), so the CV's time also serves the fit.
+        Returns None: the CRF's objective has no temperature to set."""
+        start, self._cv_start = self._cv_start, None
+        if start is not None and self.num_models is None:
+            with torch.no_grad():
+                for p, value in zip(self.energy.parameters(), start):
+                    p.copy_(value)
 
     def grid_energy(self, num_models: int) -> LocalLinearEnergy:
         """A fresh energy of ``num_models`` batched models (weights 0) with this one's graph and input mapping."""
