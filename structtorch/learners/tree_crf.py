@@ -51,6 +51,7 @@ class TreeCRF(StructuredLearner):
         test_inference: how the CRF predicts (``inference.decode``): "tree_mpm" (default: each label's posterior
             mode, the Bayes decision for the Hamming loss that the M3N learners train for), "tree_map" (the joint
             mode: subset 0/1) or "tree_f1" (plug-in expected F1). ``experiments/results/tree_crf_decoders.md``.
+        cv_folds: folds of the CV that chooses model.l2=auto (``choose_l2``), and of a grid's (``model.l2=[...]``).
         Other args as ``StructuredLearner`` (loss defaults to "crf", solver "auto" = certified L-BFGS).
     """
 
