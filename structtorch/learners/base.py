@@ -348,7 +348,7 @@ class StructuredLearner(L.LightningModule):
         only) and predict with its whole-training-set model; returns (and keeps) ``cv_report``."""
         if self.num_models is None:
             return None
-        x, y = _training_tensors(self.trainer)
+        x, y = training_set(self.trainer)
         grid = self.l2_grid
         scores = self.cv_scores(self.energy, x, y, len(grid), self.hparams.cv_folds + 1).mean(1).tolist()
         best = max(range(len(grid)), key=lambda g: (scores[g], grid[g]))  # ties: the stronger l2
@@ -372,7 +372,7 @@ class StructuredLearner(L.LightningModule):
                             for g in range(num_lambdas)])
 
     def on_fit_start(self) -> None:
-        x, y = _training_tensors(self.trainer)
+        x, y = training_set(self.trainer)
         state = self._strategy_state if (self._strategy_state or {}).get("kind") == self.strategy.name else None
         with phase(f"{type(self).__name__} ({self.strategy.name}): set-up", quiet=True):
             self.strategy.setup(x, y, state)  # a checkpoint of another strategy: this one starts from its weights
@@ -484,7 +484,7 @@ class StructuredLearner(L.LightningModule):
         (once; a loaded checkpoint keeps its own)."""
         if stage != "fit":
             return
-        x, y = _training_tensors(self.trainer)
+        x, y = training_set(self.trainer)
         if self.hparams.l2 == "auto":
             l2 = self.resolve_l2(len(x))[0]
             capped = f" (capped at {self.max_auto_l2:g})" if l2 < self.auto_l2 / len(x) else ""
@@ -591,7 +591,7 @@ class StructuredLearner(L.LightningModule):
         return strategy.configure_optimizers()
 
 
-def _training_tensors(trainer: L.Trainer | None) -> tuple[torch.Tensor, torch.Tensor]:
+def training_set(trainer: L.Trainer | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole training set (x [N, D], y [N, n]) of the trainer's datamodule (or its train loader)."""
     dm = getattr(trainer, "datamodule", None)
     if dm is not None and hasattr(dm, "train_tensors"):

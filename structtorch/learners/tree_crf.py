@@ -22,7 +22,7 @@ from ..graph import Graph, check_int
 from ..progress import budget_share, phase
 from ..strategies.certified import lbfgs_solver
 from ..structure import candidate_graph, max_spanning_tree
-from .base import StructuredLearner, _training_tensors
+from .base import StructuredLearner, training_set
 
 __all__ = ["TreeCRF"]
 
@@ -144,7 +144,7 @@ class TreeCRF(StructuredLearner):
         """As ``StructuredLearner.setup``; then model.l2=auto is chosen by cross-validation (``choose_l2``)."""
         super().setup(stage)
         if stage == "fit" and self.hparams.l2 == "auto":
-            self.choose_l2(*_training_tensors(self.trainer))
+            self.choose_l2(*training_set(self.trainer))
 
     def choose_l2(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """model.l2=auto: lambda by ``cv_folds``-fold CV of the CRF on the learned tree (held-out ``cv_metric``) on at
