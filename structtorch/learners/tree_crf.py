@@ -100,10 +100,13 @@ class TreeCRF(StructuredLearner):
         self._cv_start: list[torch.Tensor] | None = None  # the fit's start from that CV (``warm_start``)
 
     def build_energy(self) -> LocalLinearEnergy:
+        return self.local_energy(self.search_graph(self.candidates), self.num_models)
+
+    def local_energy(self, graph: Graph, num_models: int | None) -> LocalLinearEnergy:
+        """A fresh ``LocalLinearEnergy`` (weights 0) of this learner's sizes on ``graph``."""
         hp = self.hparams
-        return LocalLinearEnergy(hp.num_features, hp.num_labels, self._num_inputs, self._num_states,
-                                 self.search_graph(self.candidates), local_unary=self._local_unary,
-                                 num_models=self.num_models)
+        return LocalLinearEnergy(hp.num_features, hp.num_labels, self._num_inputs, self._num_states, graph,
+                                 local_unary=self._local_unary, num_models=num_models)
 
     def build_candidates(self, x: torch.Tensor, y: torch.Tensor) -> Graph:
         """Each label's ``candidates`` most dependent partners (``candidate_graph``): the pairs that get scores."""
@@ -159,7 +162,7 @@ class TreeCRF(StructuredLearner):
             self._l2_grid = [float(self.chosen_l2)]
             return self._l2_grid[0]
         hp, auto = self.hparams, self.resolve_l2(len(x))[0]
-        k, tried, scores, best, chosen = hp.cv_folds, [], [], None, auto
+        k, tried, scores, best, chosen, start = hp.cv_folds, [], [], None, auto, None
         xs, ys, rows = rows_at_most(x, y, hp.score_rows, "model.score_rows")
         fold = self.cv_folds_of(len(xs)).to(self.fit_device)
         mask = torch.stack([fold != f for f in range(k)])  # [k, rows]: fold f's model trains without fold f
@@ -177,10 +180,9 @@ class TreeCRF(StructuredLearner):
                 scores.append(float(held.mean()))
                 if best is not None and not _better(held, best):
                     break
-                best, chosen = held, lam
-                self._cv_start = [p.detach().mean(0) for p in energy.parameters()]
-        if best is None:  # not certified even at auto_l2 / N: its fold models as they are
-            self._cv_start = [p.detach().mean(0) for p in energy.parameters()]
+                best, chosen, start = held, lam, [p.detach().mean(0) for p in energy.parameters()]
+        # not certified even at auto_l2 / N: its fold models as they are
+        self._cv_start = start if best is not None else [p.detach().mean(0) for p in energy.parameters()]
         self.cv_report = {"metric": hp.cv_metric, "folds": k, "rows": len(xs), "l2": tried, "scores": scores,
                           "chosen_l2": chosen}
         rank_zero_info(f"{type(self).__name__}: model.l2=auto: lambda = {chosen:.4g}, by {k}-fold CV "
@@ -204,9 +206,8 @@ class TreeCRF(StructuredLearner):
 
     def grid_energy(self, num_models: int) -> LocalLinearEnergy:
         """A fresh energy of ``num_models`` batched models (weights 0) with this one's graph and input mapping."""
-        hp, built = self.hparams, self.energy
-        energy = LocalLinearEnergy(hp.num_features, hp.num_labels, self._num_inputs, self._num_states, built.graph,
-                                   local_unary=self._local_unary, num_models=num_models).to(torch.float64)
+        built = self.energy
+        energy = self.local_energy(built.graph, num_models).to(torch.float64)
         energy.unary_inputs.copy_(built.unary_inputs)
         energy.pair_inputs.copy_(built.pair_inputs)
         return energy

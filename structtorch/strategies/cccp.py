@@ -75,7 +75,6 @@ class CCCP(Strategy):
         self.outer_iterations, self.done = (state["outer_iterations"], state["done"]) if state else (0, False)
         self.refit = state.get("refit") if state and self.done else None  # cut short (max_epochs, time): search on
         self.all_rows, self.search_deadline = (x, y), share_deadline(self.search_share)
-        every_row = len(x)
         x, y = (t.to(learner.device) for t in learner.search_subset(x, y))
         if state is None:  # a fresh run: Project from Full's optimum, CRANK's restart 0 from Independent's
             with until(self.search_deadline):
@@ -83,7 +82,7 @@ class CCCP(Strategy):
                     self.full_certificate = self.train_full(x, y)
                 else:
                     start = self.start_at_independent(x, y, slice(0, 1))
-                    self.independent = start if len(x) == every_row else None  # also the refit's start
+                    self.independent = start if len(x) == len(self.all_rows[0]) else None  # also the refit's
         self.loss = SmoothedHinge(self.energy, x, y, learner.l2_grid[0],  # l(w) [R]
                                   smoothed_max=LPSmoothedMax(hp.predict_iters, tol=hp.lp_tol), eps=hp.eps,
                                   margin_scale=hp.margin_scale, bias_reg=self.learner.bias_reg)
