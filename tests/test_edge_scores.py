@@ -26,7 +26,7 @@ from structtorch.estimation import (
     scores_from_log_probs,
     select_inputs,
 )
-from structtorch.estimation.conditionals import fit_logistic, logistic_cv_log_probs, table_log_probs
+from structtorch.estimation.conditionals import distinct_rows, fit_logistic, logistic_cv_log_probs, table_log_probs
 from structtorch.folds import fold_assignment
 from structtorch.inference.exact import all_assignments
 from structtorch.structure import label_mutual_information, max_spanning_tree
@@ -275,6 +275,31 @@ def test_logistic_cv_equals_sklearn_cv_over_the_same_folds() -> None:
         np.testing.assert_allclose(out[r].exp().numpy(), ref, rtol=0, atol=1e-4, err_msg=f"regression {r}")
     assert ours.tolist() == chosen
     assert len(set(chosen)) > 1, chosen  # the CV really chooses (not one grid value for all)
+
+
+def test_logistic_cv_on_repeated_binary_rows_equals_sklearn_cv_on_every_row() -> None:
+    """Sparse binary inputs (word counts) repeat rows: each regression is fitted on its distinct rows weighted by
+    their counts per fold (``distinct_rows``), which must give the per-row fits and CV choices."""
+    gen = torch.Generator().manual_seed(5)
+    N, D, C, k, seed = 240, 6, 4, 3, 1
+    x = (torch.rand(N, D, generator=gen) < 0.15).double()
+    subsets = [[0, 1, 2], [3], [4, 5, 0]]
+    target = torch.cat([planted_targets(x, subsets[:2], C, gen, scale=3.0),
+                        torch.randint(0, C, (1, N), generator=gen)])
+    padded = pad_subsets(subsets, D)
+    rows = distinct_rows(x, target, padded)
+    for (inputs, t, inverse), s, tr in zip(rows, subsets, target):
+        assert len(inputs) < N / 4  # the case the compression is for
+        assert torch.equal(inputs[inverse][:, :len(s)], x[:, s]) and torch.equal(t[inverse], tr)
+    out, ours = logistic_cv_log_probs(x, target, padded, C, LAMBDA_GRID, cv_folds=k, seed=seed)
+    fold = fold_assignment(N, k, seed).numpy()
+    chosen = []
+    for r, s in enumerate(subsets):
+        best, ref = sklearn_cv(x[:, s].numpy(), target[r].numpy(), C, LAMBDA_GRID, fold)
+        chosen.append(best)
+        np.testing.assert_allclose(out[r].exp().numpy(), ref, rtol=0, atol=1e-4, err_msg=f"regression {r}")
+    assert ours.tolist() == chosen
+    assert len(set(chosen)) > 1, chosen
 
 
 # ---------------------------------------------------------------------- count tables, estimator choice
