@@ -67,8 +67,10 @@ class TreeCRF(StructuredLearner):
     #: on scene, emotions, yeast and birds CV chose 0.3 in a grid from 0.01 to 1
     auto_l2_steps = (1.0, 1 / 3, 0.1, 1 / 30, 0.01)
     #: the share of the time left that the CV of model.l2=auto may take (the path stops there), and the relative
-    #: duality gap its fold models are certified to (model.tol = 1e-3 is for the model that predicts)
-    cv_share, cv_tol = 0.5, 0.01
+    #: duality gap its fold models are certified to (model.tol = 1e-3 is for the model that predicts). At medical's
+    #: shape 0.05 gave the held-out scores of 0.01 to within 0.01 points at every lambda and the same choice, in 64 s
+    #: of CV instead of 83-87 s
+    cv_share, cv_tol = 0.5, 0.05
 
     def __init__(self, num_features: int, num_labels: int, score: str = "dci", inputs: str = "l1",
                  num_inputs: int = 10, local_unary: bool = False, num_states: int = 2, score_folds: int = 5,
