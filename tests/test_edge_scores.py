@@ -258,13 +258,11 @@ def sklearn_cv(x: np.ndarray, t: np.ndarray, num_classes: int, lambdas: tuple[fl
     return best, full_proba(sklearn_probs(x, t, num_classes, lambdas[best]), x, num_classes)
 
 
-def test_logistic_cv_equals_sklearn_cv_over_the_same_folds() -> None:
-    gen = torch.Generator().manual_seed(11)
-    N, D, C, k, seed = 150, 5, 4, 3, 7
-    x = torch.randn(N, D, generator=gen, dtype=torch.float64)
-    subsets = [[0, 1], [2], [3, 4, 0]]
-    target = torch.cat([planted_targets(x, subsets[:2], C, gen, scale=2.0),
-                        torch.randint(0, C, (1, N), generator=gen)])  # the last one is noise: a large lambda
+def assert_cv_equals_sklearn_cv(x: torch.Tensor, target: torch.Tensor, subsets: list[list[int]], C: int, k: int,
+                                seed: int) -> None:
+    """``logistic_cv_log_probs`` chooses sklearn's penalty for each regression (over the same folds, a fit per
+    fold, lambda and regression) and gives its whole-data probabilities; and the choices differ."""
+    N, D = x.shape
     out, ours = logistic_cv_log_probs(x, target, pad_subsets(subsets, D), C, LAMBDA_GRID, cv_folds=k, seed=seed)
     assert out.shape == (len(subsets), N, C)
     fold = fold_assignment(N, k, seed).numpy()
@@ -277,29 +275,29 @@ def test_logistic_cv_equals_sklearn_cv_over_the_same_folds() -> None:
     assert len(set(chosen)) > 1, chosen  # the CV really chooses (not one grid value for all)
 
 
+def test_logistic_cv_equals_sklearn_cv_over_the_same_folds() -> None:
+    gen = torch.Generator().manual_seed(11)
+    N, D = 150, 5
+    x = torch.randn(N, D, generator=gen, dtype=torch.float64)
+    subsets = [[0, 1], [2], [3, 4, 0]]
+    target = torch.cat([planted_targets(x, subsets[:2], 4, gen, scale=2.0),
+                        torch.randint(0, 4, (1, N), generator=gen)])  # the last one is noise: a large lambda
+    assert_cv_equals_sklearn_cv(x, target, subsets, 4, k=3, seed=7)
+
+
 def test_logistic_cv_on_repeated_binary_rows_equals_sklearn_cv_on_every_row() -> None:
     """Sparse binary inputs (word counts) repeat rows: each regression is fitted on its distinct rows weighted by
     their counts per fold (``distinct_rows``), which must give the per-row fits and CV choices."""
     gen = torch.Generator().manual_seed(5)
-    N, D, C, k, seed = 240, 6, 4, 3, 1
+    N, D = 240, 6
     x = (torch.rand(N, D, generator=gen) < 0.15).double()
     subsets = [[0, 1, 2], [3], [4, 5, 0]]
-    target = torch.cat([planted_targets(x, subsets[:2], C, gen, scale=3.0),
-                        torch.randint(0, C, (1, N), generator=gen)])
-    padded = pad_subsets(subsets, D)
-    rows = distinct_rows(x, target, padded)
-    for (inputs, t, inverse), s, tr in zip(rows, subsets, target):
+    target = torch.cat([planted_targets(x, subsets[:2], 4, gen, scale=3.0),
+                        torch.randint(0, 4, (1, N), generator=gen)])
+    for (inputs, t, inverse), s, tr in zip(distinct_rows(x, target, pad_subsets(subsets, D)), subsets, target):
         assert len(inputs) < N / 4  # the case the compression is for
         assert torch.equal(inputs[inverse][:, :len(s)], x[:, s]) and torch.equal(t[inverse], tr)
-    out, ours = logistic_cv_log_probs(x, target, padded, C, LAMBDA_GRID, cv_folds=k, seed=seed)
-    fold = fold_assignment(N, k, seed).numpy()
-    chosen = []
-    for r, s in enumerate(subsets):
-        best, ref = sklearn_cv(x[:, s].numpy(), target[r].numpy(), C, LAMBDA_GRID, fold)
-        chosen.append(best)
-        np.testing.assert_allclose(out[r].exp().numpy(), ref, rtol=0, atol=1e-4, err_msg=f"regression {r}")
-    assert ours.tolist() == chosen
-    assert len(set(chosen)) > 1, chosen
+    assert_cv_equals_sklearn_cv(x, target, subsets, 4, k=3, seed=1)
 
 
 # ---------------------------------------------------------------------- count tables, estimator choice
