@@ -120,10 +120,12 @@ def fit_logistic(design: torch.Tensor, target: torch.Tensor, num_classes: int, l
     theta = design.new_zeros(F, G, R, P + 1, C)
     if (P + 1) * C > max_newton_params:
         return _fit_lbfgs(value, theta)
-    start = theta[:, :1]
+    iq, jq = torch.triu_indices(P + 1, P + 1, device=z.device)
+    zz = z.index_select(-1, iq) * z.index_select(-1, jq)  # [R, N, Q (Q + 1) / 2]: the Hessian is symmetric in (q, q')
+    start = design.new_zeros(F, 1, R, P + 1, C)
     for g in lam.argsort(descending=True).tolist():
         one = pen[:, g:g + 1]
-        start = _fit_newton(lambda th, one=one: value(th, one), start, z, onehot, wt, one)
+        start = _fit_newton(lambda th, one=one: value(th, one), start, z, zz, onehot, wt, one)
         theta[:, g] = start[:, 0]
     return theta
 
@@ -137,12 +139,10 @@ def _fit_lbfgs(value, theta: torch.Tensor, tol: float = 1e-7, max_iter: int = 20
     return flat.detach().view(shape)
 
 
-def _fit_newton(value, theta: torch.Tensor, z: torch.Tensor, onehot: torch.Tensor, wt: torch.Tensor,
-                pen: torch.Tensor, tol: float = 1e-12, max_iter: int = 100) -> torch.Tensor:
-    """``fit_logistic`` by Newton's method with per-model backtracking."""
-    Q = z.shape[2]
-    iq, jq = torch.triu_indices(Q, Q, device=z.device)
-    zz = z.index_select(-1, iq) * z.index_select(-1, jq)  # [R, N, Q (Q + 1) / 2]: the Hessian is symmetric in (q, q')
+def _fit_newton(value, theta: torch.Tensor, z: torch.Tensor, zz: torch.Tensor, onehot: torch.Tensor,
+                wt: torch.Tensor, pen: torch.Tensor, tol: float = 1e-12, max_iter: int = 100) -> torch.Tensor:
+    """``fit_logistic`` by Newton's method with per-model backtracking (zz: ``_newton_step``'s input products,
+    computed once for every penalty)."""
     f, logp = value(theta)
     active = torch.ones_like(f, dtype=torch.bool)
     for i in range(max_iter):
