@@ -133,6 +133,7 @@ class RTAConfig(ModelConfig):
     normalize: bool = True
     margin: str = "auto"  # hamming up to 22 labels, else zero_one (Def. 6: margin 1 against the worst violator)
     bias_reg: float = 1.0
+    independent_start: bool = True  # BCFW starts at the dual point of Independent's solution (product distributions)
 
 
 @dataclass

@@ -8,18 +8,27 @@ import lightning as L
 import pytest
 import torch
 from conftest import beats_independent, cached_mulan, exclusion_data
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from structtorch import Graph, Potentials
 from structtorch.config import RTAConfig
-from structtorch.data import MultilabelDataModule, SyntheticDataModule
-from structtorch.energies import FinleyJoachimsEnergy, TreeEnsembleEnergy
+from structtorch.data import MultilabelDataModule, SyntheticDataModule, sparse_multilabel
+from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy, TreeEnsembleEnergy
 from structtorch.inference import ensemble_map, tree_kbest
 from structtorch.inference.kbest import ensemble_union
 from structtorch.learners import LEARNERS, RTA
 from structtorch.learners.rta import HAMMING_MAX_LABELS
-from structtorch.solvers import BCFW, EnsembleOracle, tree_oracle
+from structtorch.solvers import (
+    BCFW,
+    EnsembleOracle,
+    independent_duals,
+    independent_svms,
+    one_hot_marginals,
+    tree_oracle,
+)
 from structtorch.structure import random_spanning_trees
 
 pytestmark = [pytest.mark.usefixtures("quiet_single_thread"),
@@ -323,3 +332,80 @@ def test_mam_trains_its_trees_separately_and_averages_max_marginals(small, indep
     assert averaged["test/subset_acc"] >= single["test/subset_acc"] + 0.05, (averaged, single)
     with pytest.raises(ValueError, match="num_trees"):
         LEARNERS["mam"](small.num_features, small.num_labels, num_trees=0)
+
+
+# ---------------------------------------------------------------------- the start at Independent's dual
+def product_expectations(q: torch.Tensor, y: torch.Tensor, graph: Graph, K: int, comp: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """By enumeration over every assignment, for the product distributions q [N, n, K]: E[m_u] [N, n, K],
+    E[m_p] [N, E, K, K], the expected Hamming distance to y [N, n] per component [N, C] and the expected 0/1 loss
+    [N]."""
+    ys = all_assignments(graph.num_nodes, K)  # [S, n]
+    p = q.gather(-1, ys.T[None].expand(len(q), -1, -1)).prod(1)  # [N, S]
+    m_u, m_p = one_hot_marginals(ys, graph, K, F64)
+    wrong = (ys[None] != y[:, None]).double()  # [N, S, n]
+    per_comp = torch.zeros(len(q), len(ys), int(comp.max()) + 1, dtype=F64).index_add_(-1, comp, wrong)
+    return (torch.einsum("ns,sik->nik", p, m_u), torch.einsum("ns,sejk->nejk", p, m_p),
+            torch.einsum("ns,nsc->nc", p, per_comp), (p * wrong.amax(-1)).sum(1))
+
+
+@pytest.mark.parametrize("kind", ["forest-K3", "ensemble"])
+@pytest.mark.parametrize("margin", ["hamming", "zero_one"])
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 5), lam=st.sampled_from([1e-3, 0.1, 10.0]),
+       averaging=st.booleans())
+def test_start_at_is_the_dual_point_of_product_distributions(kind, margin, seed, n, lam, averaging):
+    """``BCFW.start_at``: each example's state is c (m(y_i) - E_q[m(y)]) and c E_q[Delta], by enumeration (0 on the
+    rows outside the mask), the weights are w(mu) (the dual rebuilt from the state equals the running one), c is
+    the line search's maximiser of D, and P >= D there; with averaging, the average is the start too."""
+    gen = torch.Generator().manual_seed(seed)
+    N, D = 9, 4
+    K = 3 if kind == "forest-K3" else 2
+    x, y = torch.randn(N, D, generator=gen, dtype=F64), torch.randint(0, K, (N, n), generator=gen)
+    if kind == "ensemble":
+        energy = TreeEnsembleEnergy(D, random_spanning_trees(n, 3, gen)).to(F64)
+        oracle = EnsembleOracle(2, 32)
+    else:  # a forest: the Hamming loss has a block per component
+        tree = random_spanning_trees(n, 1, gen).edges[0]
+        energy = LinearTableEnergy(D, n, K, Graph(n, tree[1:])).to(F64)
+        oracle = tree_oracle
+    mask = torch.rand(N, generator=gen) < 0.8
+    mask[0] = True
+    solver = BCFW(energy, N, lam, oracle=oracle, margin=margin, bias_reg=0.5, mask=mask, averaging=averaging)
+    q = torch.distributions.Dirichlet(torch.ones(K, dtype=F64)).sample((N, 1, n))
+    c = float(solver.start_at([(x[:5], y[:5], torch.arange(5)), (x[5:], y[5:], torch.arange(5, N))], q)[0])
+    assert 0 <= c <= 1
+    e_u, e_p, hamming, zero_one = product_expectations(q[:, 0], y, energy.graph, K, solver.node_comp)
+    m_u, m_p = one_hot_marginals(y, energy.graph, K, F64)
+    keep = mask.double()[:, None, None, None]
+    torch.testing.assert_close(solver.nu_unary, c * keep * (m_u - e_u)[:, None])
+    torch.testing.assert_close(solver.nu_pair, c * keep[..., None] * (m_p - e_p)[:, None])
+    loss = hamming if margin == "hamming" else zero_one[:, None]
+    torch.testing.assert_close(solver.ell, c * keep[..., 0] * loss[:, None])
+    for point, state in zip(solver.point_state(), (solver.nu_unary, solver.nu_pair, solver.ell)):
+        torch.testing.assert_close(point, state)  # averaging: the average starts at the start
+    for iterate, p in zip(solver.iterate, energy.parameters()):
+        torch.testing.assert_close(iterate, p.detach())  # and so does the iterate
+    running = float(solver.dual()[0])
+    info = solver.duality_gap([(x, y, torch.arange(N))])
+    assert float(info.dual[0]) == pytest.approx(running, rel=1e-9, abs=1e-12)  # w(mu): the weights match the state
+    assert float(info.primal[0]) >= float(info.dual[0]) - 1e-12
+    lin, quad = float(solver.lin[0]), lam * float(solver.sq_norm()[0])  # D(t c) = t lin - t^2 quad / 2
+    assert lin >= quad - 1e-9 if c == 1 else lin == pytest.approx(quad, rel=1e-9)  # dD/dt at t = 1: >= 0, or 0
+
+
+def test_independent_duals_rebuild_independent_svms_weights():
+    """alpha / C from ``independent_duals``: in [0, 1], 0 outside the mask, and sum_i alpha_il s_il x~_i is the weight
+    vector ``independent_svms`` returns for the same fit."""
+    x, y = sparse_multilabel(200, num_features=60, num_labels=6, seed=2)
+    lam, rho = torch.tensor([0.01, 0.1]), 0.5
+    mask = torch.ones(2, 200, dtype=torch.bool)
+    mask[1, :50] = False
+    a = independent_duals(x, y, lam, mask, bias_reg=rho)
+    w, b, _ = independent_svms(x, y, lam, mask, bias_reg=rho)
+    assert a.shape == (2, 200, 6) and bool((a >= 0).all() and (a <= 1).all()) and a[1, :50].abs().max() == 0
+    assert 0 < float((a == 1).double().mean()) < 1  # some margin violators, not all
+    C = 1 / (lam * mask.sum(1))
+    signed = a * C[:, None, None] * (2 * y - 1)  # [M, N, n]
+    torch.testing.assert_close(torch.einsum("mnl,nd->mld", signed, x), w, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(signed.sum(1) / rho, b, atol=1e-5, rtol=1e-4)  # the bias input is 1 / sqrt(rho)

@@ -31,7 +31,7 @@ from ..metrics import EXAMPLE_METRICS, PerLabelCounts, example_scores, multilabe
 from ..plots import close_figure, per_label_figure, structure_figure
 from ..potentials import Potentials
 from ..progress import budget_share, out_of_time, phase
-from ..solvers import BCFW, Oracle, SmoothedMax, independent_svms, tree_oracle, tree_smoothed_max
+from ..solvers import BCFW, Oracle, SmoothedMax, independent_duals, independent_svms, tree_oracle, tree_smoothed_max
 from ..strategies import SOLVERS, Strategy, solver_strategy
 
 __all__ = ["SOLVERS", "StructuredLearner", "TRAIN_INFERENCE", "TEST_INFERENCE"]
@@ -213,14 +213,23 @@ class StructuredLearner(L.LightningModule):
         return None
 
     def independent_solution(self, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor,
-                             mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+                             mask: torch.Tensor | None, duals: bool = False
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | torch.Tensor | None:
         """Independent's weights [M, n, D], biases [M, n] and objective [M] at lambda ``lam`` and this learner's
-        ``bias_reg`` (``independent_svms``, within ``START_SHARE`` of the time left), for ``warm_start``; None with
+        ``bias_reg`` (``independent_svms``, within ``START_SHARE`` of the time left), for ``warm_start``; with
+        ``duals`` its dual instead (``independent_duals``: [M, N, n] in [0, 1]), for ``dual_start``. None with
         ``model.independent_start=false`` or where its kernel cannot be built."""
         if not self.hparams.get("independent_start", False):
             return None
         with phase("start at Independent's solution"), budget_share(START_SHARE):
-            return independent_svms(x, y, lam, mask, bias_reg=self.bias_reg)
+            return (independent_duals if duals else independent_svms)(x, y, lam, mask, bias_reg=self.bias_reg)
+
+    def dual_start(self, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None
+                   ) -> torch.Tensor | None:
+        """Before a fresh BCFW fit on x [N, D], y [N, n] (0/1) at lambda ``lam`` (a float or [M]) on the rows ``mask``
+        [M, N] (None: all): a starting dual point as product distributions q [N, M, n, K] (``BCFW.start_at``), or
+        None (the default: from w = 0)."""
+        return None
 
     @property
     def fit_device(self) -> torch.device:

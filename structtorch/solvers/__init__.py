@@ -5,11 +5,11 @@ for one linear SVM per label, FISTA for l1-regularised problems;
 from ..optim import BatchedLBFGS
 from .bcfw import BCFW, EnsembleOracle, Oracle, StepInfo, one_hot_marginals, smoothed_oracle, tree_oracle
 from .certificate import CertificateError, GapInfo, certificate
-from .dcd import DualCD, independent_svms
+from .dcd import DualCD, independent_duals, independent_svms
 from .proximal import BatchedFISTA
 from .smoothing import ForestSmoothedMax, LPSmoothedMax, SmoothedHinge, SmoothedLBFGS, SmoothedMax, tree_smoothed_max
 
 __all__ = ["BCFW", "BatchedFISTA", "BatchedLBFGS", "CertificateError", "DualCD", "EnsembleOracle", "ForestSmoothedMax",
            "GapInfo", "LPSmoothedMax", "Oracle", "SmoothedHinge", "SmoothedLBFGS", "SmoothedMax", "StepInfo",
-           "certificate", "independent_svms", "one_hot_marginals", "smoothed_oracle", "tree_oracle",
-           "tree_smoothed_max"]
+           "certificate", "independent_duals", "independent_svms", "one_hot_marginals", "smoothed_oracle",
+           "tree_oracle", "tree_smoothed_max"]

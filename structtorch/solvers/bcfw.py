@@ -324,6 +324,73 @@ class BCFW:
         self.iterate_lin = c * self.iterate_lin + (1 - c) * self.lin
         self.avg_steps = k + self.active.to(k.dtype)
 
+    def start_at(self, batches: Iterable[tuple[torch.Tensor, ...]], q: torch.Tensor) -> torch.Tensor:
+        """Start (instead of w = 0) at the dual point of product distributions: example i's mu_i is
+        (1 - c) m(y_i) + c mu(q_i), mu(q_i) the marginals of the distribution prod_l q_il over assignments (unary
+        q_il, edges q_ia (x) q_ib: in every tree's marginal polytope), its expected loss Delta(y_i, .) in closed
+        form, and c in [0, 1] the exact line search of D from the start (the weights w(mu) are c w(mu(q))).
+
+        q [N, M, n, K]: a distribution over the K states per (example, model, label) (rows outside a model's
+        mask are ignored); ``batches`` of (x, y, index) cover every example. Sets the dual state and the
+        energy's parameters; returns c [M]."""
+        if q.dim() != 4 or q.shape[:2] != (self.num_examples, self.lam.shape[0]):
+            raise ValueError(f"q must have shape [N={self.num_examples}, M={self.lam.shape[0]}, n, K], "
+                             f"got {tuple(q.shape)}")
+        f64 = torch.float64
+        acc = [torch.zeros_like(p) for p in self.params]
+        lin = torch.zeros_like(self.lam, dtype=f64)
+        e = self.energy.graph.edges.reshape(-1, 2)
+        for batch in batches:
+            x, y, index = batch[0], batch[1], batch[2]
+            pot = self.energy(x)
+            y, index = self._check_batch(pot, x, y, index)
+            U, P = lift_models(pot, self.num_models)
+            self._ensure_state(U.shape[-1])
+            with torch.no_grad():
+                keep = self.mask[:, index].T.to(U.dtype)  # [B, M]
+                qi = q[index].to(U.dtype)
+                m_u, m_p = one_hot_marginals(y, self.energy.graph, U.shape[-1], U.dtype)
+                self.nu_unary[index] = (m_u.unsqueeze(1) - qi) * keep[..., None, None]
+                mu_p = qi[..., e[:, 0], :, None] * qi[..., e[:, 1], None, :]
+                self.nu_pair[index] = (m_p.unsqueeze(1) - mu_p) * keep[..., None, None, None]
+                right = qi.gather(-1, y[:, None, :, None].expand(*qi.shape[:-1], 1)).squeeze(-1)  # [B, M, n]
+                if self.margin == "hamming":
+                    nodes = (1 - right).movedim(1, 0)
+                    ell = self._per_component(nodes, nodes.new_zeros(()).expand(*nodes.shape[:-1], len(e)))
+                    ell = ell.movedim(0, 1)
+                else:
+                    ell = (1 - right.prod(-1)).unsqueeze(-1)
+                self.ell[index] = self.margin_scale * ell * keep[..., None]
+                lin += (self.ell[index].sum(-1).T.to(f64) / self.count[:, None]).sum(1)
+            self._add_weights(acc, U, P, self.nu_unary[index], self.nu_pair[index])
+        with torch.no_grad():
+            sq = self._sq_norm([a * bs ** 0.5 for a, bs in zip(acc, self._bias_scale)], f64)
+            c = torch.where(sq > 0, lin / (self.lam.to(f64) * sq).clamp_min(torch.finfo(f64).tiny), 1.0)
+            c = c.clamp(0.0, 1.0).to(self.lam.dtype)  # argmax_c c lin - lambda/2 c^2 |w|^2
+            for state in (self.nu_unary, self.nu_pair, self.ell):
+                state.mul_(c.view(1, -1, *([1] * (state.dim() - 2))))
+            for p, a, bs in zip(self.params, acc, self._bias_scale):
+                p.copy_(self._per_param(c, p) * bs * a)
+            self.lin = c.to(f64) * lin
+            if self.averaging:
+                self.avg_unary, self.avg_pair, self.avg_ell = (t.clone() for t in (self.nu_unary, self.nu_pair,
+                                                                                  self.ell))
+                for it, p in zip(self.iterate, self.params):
+                    it.copy_(p)
+                self.iterate_lin = self.lin.clone()
+        return c
+
+    def _add_weights(self, acc: list[torch.Tensor], U: torch.Tensor, P: torch.Tensor, nu_u: torch.Tensor,
+                     nu_p: torch.Tensor, retain_graph: bool = False) -> None:
+        """acc += the gradient of s <pot, nu> over the energy's parameters (w(mu) = R^-1 of the sum over every
+        example), for lifted potentials U [M, B, n, K], P [M, B, E, K, K] and nu [B, M, n, K], [B, M, E, K, K]."""
+        surrogate = self.scale * ((U * nu_u.movedim(1, 0)).sum((1, 2, 3)) + (P * nu_p.movedim(1, 0)).sum((1, 2, 3, 4)))
+        grads = torch.autograd.grad(surrogate.sum(), self.params, allow_unused=True, retain_graph=retain_graph)
+        with torch.no_grad():
+            for a, g in zip(acc, grads):
+                if g is not None:
+                    a += g
+
     # ------------------------------------------------------------------ the step
     def start_epoch(self) -> None:
         """Reset the running (epoch) sums of block gaps and losses."""
@@ -492,14 +559,8 @@ class BCFW:
                 hinge += (self._terms(U.detach(), P.detach(), y, index, *states[0])[3].to(f64) * w).sum(1)
                 seen[index] = True
             for j, (state_u, state_p, state_ell) in enumerate(states):
-                nu_u, nu_p = state_u[index].movedim(1, 0), state_p[index].movedim(1, 0)
-                surrogate = self.scale * ((U * nu_u).sum((1, 2, 3)) + (P * nu_p).sum((1, 2, 3, 4)))
-                grads = torch.autograd.grad(surrogate.sum(), self.params, allow_unused=True,
-                                            retain_graph=j + 1 < num_states)
+                self._add_weights(accs[j], U, P, state_u[index], state_p[index], retain_graph=j + 1 < num_states)
                 with torch.no_grad():
-                    for a, g in zip(accs[j], grads):
-                        if g is not None:
-                            a += g
                     lins[j] += (state_ell[index].sum(-1).T.to(f64) * w).sum(1)
         if not bool(seen.all()):
             raise ValueError(f"duality_gap needs batches covering all {self.num_examples} examples, "

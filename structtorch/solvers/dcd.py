@@ -30,7 +30,7 @@ from ..progress import out_of_time, tick
 from .bcfw import check_lam, check_mask
 from .certificate import GapInfo, certificate
 
-__all__ = ["DualCD", "independent_svms"]
+__all__ = ["DualCD", "independent_duals", "independent_svms"]
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,30 @@ def independent_svms(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor
     bias [M, n] (M = 1 for a float lam) and their objective [M] on x's device and dtype, or None where the fused
     kernel cannot be built (no C++ compiler).
     """
+    fitted = _fit_independent(x, y, lam, mask, bias_reg, tol)
+    if fitted is None:
+        return None
+    solver, primal = fitted
+    return solver.energy.unary.weight.detach().to(x), solver.energy.unary.bias.detach().to(x), primal.to(x)
+
+
+def independent_duals(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None = None,
+                      bias_reg: float = 1.0, tol: float = 1e-2) -> torch.Tensor | None:
+    """The dual of Independent's solution (``independent_svms``, same arguments) as fractions of their bound,
+    alpha / C in [0, 1]: [M, N, n] on x's device and dtype (0 on the rows a model does not train on; 1: a margin
+    violator), or None where the fused kernel cannot be built."""
+    fitted = _fit_independent(x, y, lam, mask, bias_reg, tol)
+    if fitted is None:
+        return None
+    solver = fitted[0]
+    bound = 1.0 / (solver.lam * solver.count)  # C per model
+    return (solver.alpha / bound[:, None, None]).clamp(0.0, 1.0).transpose(1, 2).to(x)
+
+
+def _fit_independent(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None,
+                     bias_reg: float, tol: float) -> tuple[DualCD, torch.Tensor] | None:
+    """A ``DualCD`` on Independent's problem fitted to ``tol`` (or the budget's end) and its primal [M]; None (with a
+    warning) where the fused kernel cannot be built."""
     n, M = y.shape[1], torch.as_tensor(lam).numel()
     energy = FinleyJoachimsEnergy(x.shape[1], n, Graph.empty(n), num_models=M)
     try:
@@ -174,8 +198,7 @@ def independent_svms(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor
     except RuntimeError as err:  # the kernel could not be built: the eager passes work, without this start
         log.warning("no start from Independent's solution: %s", err)
         return None
-    primal = solver.fit().primal
-    return energy.unary.weight.detach().to(x), energy.unary.bias.detach().to(x), primal.to(x)
+    return solver, solver.fit().primal
 
 
 def _kernel():

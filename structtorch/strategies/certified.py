@@ -240,12 +240,19 @@ class BCFWStrategy(Certified):
                            averaging=hp.bcfw_averaging)  # from w = 0 = w(mu) of its starting dual point
         self.train_stats: dict[str, float] = {}
         self.step_seconds, self.step_rows, self.warmed_up = 0.0, 0, False
+        self.start: dict[str, Any] = {}
         if state is not None:  # the checkpoint's dual state and weights
             self.solver.load_state_dict({k: None if v is None else v.to(learner.device)
                                          for k, v in state.items() if k != "kind"})
             with torch.no_grad():
                 for p, saved in zip(learner.energy.parameters(), loaded):
                     p.copy_(saved)
+            return
+        q = learner.dual_start(self.x, learner.energy_labels(self.y), lam, mask)
+        if q is not None:
+            every = torch.arange(len(self.x), device=self.x.device).split(learner.certificate_rows)
+            mix = self.solver.start_at(((self.x[i], learner.energy_labels(self.y[i]), i) for i in every), q)
+            self.start = {"mix": plain(mix), "dual": plain(self.solver.dual())}
 
     def epoch_start(self) -> None:
         self.solver.start_epoch()
@@ -325,7 +332,7 @@ class BCFWStrategy(Certified):
                                       for k, v in self.solver.state_dict().items()}}
 
     def report(self) -> dict[str, Any]:
-        report = super().report()
+        report = super().report() | ({"start": self.start} if self.start else {})
         return report | ({"inference": {"train": self.train_stats}} if self.train_stats else {})
 
 
