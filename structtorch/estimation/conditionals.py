@@ -266,12 +266,15 @@ def _padded(rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 def select_inputs(x: torch.Tensor, y: torch.Tensor, num_inputs: int = 10, strength: float = 0.1,
-                  iters: int = 500) -> list[list[int]]:
+                  iters: int = 100) -> list[list[int]]:
     """An input mapping: for each label, the ``num_inputs`` columns of x [N, D] with the largest weights of
     an l1-regularised logistic regression of y_i [N] (all labels fitted at once by ``BatchedFISTA``).
 
     strength: the l1 weight as a fraction of the smallest weight that zeroes every coefficient; columns
     with equal (e.g. zero) weight are ranked by their gradient at zero (their correlation with y_i).
+    iters: FISTA iterations. Only the ranking matters: on 2,000-row subsets, 100 iterations chose the same inputs
+    as 500 on flags, emotions, scene, yeast, birds, tmc2007 and data shaped like medical and bibtex, and 99.25% of
+    them on delicious (62 s against 147 s there).
     """
     check_int(num_inputs, "num_inputs", 1)
     xs = Standardizer.fit(x, dtype=torch.float64).transform(x)
