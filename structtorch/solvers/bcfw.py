@@ -55,7 +55,7 @@ up to the smoothing (the certified gap cannot fall below about eps * entropy).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -340,12 +340,7 @@ class BCFW:
         acc = [torch.zeros_like(p) for p in self.params]
         lin = torch.zeros_like(self.lam, dtype=f64)
         e = self.energy.graph.edges.reshape(-1, 2)
-        for batch in batches:
-            x, y, index = batch[0], batch[1], batch[2]
-            pot = self.energy(x)
-            y, index = self._check_batch(pot, x, y, index)
-            U, P = lift_models(pot, self.num_models)
-            self._ensure_state(U.shape[-1])
+        for y, index, U, P in self._lifted(batches):
             with torch.no_grad():
                 keep = self.mask[:, index].T.to(U.dtype)  # [B, M]
                 qi = q[index].to(U.dtype)
@@ -379,6 +374,18 @@ class BCFW:
                     it.copy_(p)
                 self.iterate_lin = self.lin.clone()
         return c
+
+    def _lifted(self, batches: Iterable[tuple[torch.Tensor, ...]]
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """For each batch (x, y, index): the checked labels y [B, n] and index [B] and the lifted potentials U, P
+        (``lift_models``) of x, with the dual state allocated."""
+        for batch in batches:
+            x, y, index = batch[0], batch[1], batch[2]
+            pot = self.energy(x)
+            y, index = self._check_batch(pot, x, y, index)
+            U, P = lift_models(pot, self.num_models)
+            self._ensure_state(U.shape[-1])
+            yield y, index, U, P
 
     def _add_weights(self, acc: list[torch.Tensor], U: torch.Tensor, P: torch.Tensor, nu_u: torch.Tensor,
                      nu_p: torch.Tensor, retain_graph: bool = False) -> None:
@@ -547,12 +554,7 @@ class BCFW:
         lins = [torch.zeros_like(self.lam, dtype=f64) for _ in range(num_states)]
         accs = [[torch.zeros_like(p) for p in self.params] for _ in range(num_states)]
         seen = torch.zeros(self.num_examples, dtype=torch.bool, device=self.lam.device)
-        for batch in batches:
-            x, y, index = batch[0], batch[1], batch[2]
-            pot = self.energy(x)
-            y, index = self._check_batch(pot, x, y, index)
-            U, P = lift_models(pot, self.num_models)
-            self._ensure_state(U.shape[-1])
+        for y, index, U, P in self._lifted(batches):
             states = [self.point_state(), (self.nu_unary, self.nu_pair, self.ell)][:num_states]
             w = (self.mask[:, index] / self.count[:, None]).to(f64)
             with torch.no_grad():
