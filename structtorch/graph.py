@@ -22,8 +22,8 @@ import torch
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-__all__ = ["ArgumentTypeError", "Graph", "Schedule", "Step", "check_float", "check_int", "choose_schedule",
-           "component_labels", "contraction_steps", "root_forest"]
+__all__ = ["ArgumentTypeError", "Graph", "Schedule", "Step", "check_bool", "check_float", "check_int",
+           "choose_schedule", "component_labels", "contraction_steps", "root_forest"]
 
 S = TypeVar("S")  # a schedule: ``steps``, ``num_raked``, ``num_compressed``
 
@@ -304,6 +304,13 @@ def check_int(value: object, name: str, minimum: int | None = None, maximum: int
             else f">= {minimum}" if minimum is not None else f"<= {maximum}"
         raise ValueError(f"{name} must be {expected or bounds}, got {value!r}")
     return int(value)
+
+
+def check_bool(value: object, name: str) -> bool:
+    """``value`` if it is a bool, else ValueError: "<name> must be a bool, got <value>"."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+    return value
 
 
 def check_float(value: object, name: str, minimum: float | None = None, strict: bool = True, finite: bool = False,

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from ..graph import Graph, check_int
+from ..graph import Graph, check_bool, check_int
 from ..potentials import Potentials
 from .base import Energy
 
@@ -80,8 +80,7 @@ class FinleyJoachimsEnergy(Energy):
                  num_models: int | None = None, spin: bool = False) -> None:
         super().__init__()
         check_num_models(num_models)
-        if not isinstance(spin, bool):
-            raise ValueError(f"spin must be a bool, got {spin!r}")
+        check_bool(spin, "spin")
         self.spin = spin
         self.graph = as_graph(graph, num_labels)
         if self.graph.num_nodes != num_labels or self.graph.is_ensemble:

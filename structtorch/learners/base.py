@@ -24,7 +24,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ..energies import Energy
 from ..folds import fold_assignment
-from ..graph import Graph, check_float, check_int
+from ..graph import Graph, check_bool, check_float, check_int
 from ..inference import tree_f1, tree_kbest, tree_map, tree_mpm
 from ..losses import crf_nll, map_value, smoothed_lp_hinge, structured_hinge, zero_one_hinge
 from ..metrics import EXAMPLE_METRICS, PerLabelCounts, example_scores, multilabel_metrics
@@ -136,8 +136,7 @@ class StructuredLearner(L.LightningModule):
         if bias_reg != "auto":
             check_float(bias_reg, "bias_reg", 0.0, expected="'auto' or a number > 0")
         check_int(solver_iters, "solver_iters", 1)
-        if not isinstance(bcfw_averaging, bool):
-            raise ValueError(f"bcfw_averaging must be a bool, got {bcfw_averaging!r}")
+        check_bool(bcfw_averaging, "bcfw_averaging")
         self._l2_grid = _check_l2(l2)  # None for "auto" until resolve_l2
         check_int(cv_folds, "cv_folds", 2)
         if cv_metric not in EXAMPLE_METRICS:

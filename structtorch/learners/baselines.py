@@ -10,7 +10,7 @@ import torch
 
 from ..energies import FinleyJoachimsEnergy
 from ..folds import rows_at_most
-from ..graph import Graph, check_int
+from ..graph import Graph, check_bool, check_int
 from ..inference import lp_map, smoothed_lp, tree_map
 from ..potentials import Potentials
 from ..progress import out_of_time
@@ -49,8 +49,7 @@ class M3N(StructuredLearner):
                  independent_start: bool = True, **kwargs) -> None:
         if candidates is not None:
             check_int(candidates, "model.candidates", 1, expected="None or an int >= 1")
-        if not isinstance(independent_start, bool):
-            raise ValueError(f"model.independent_start must be a bool, got {independent_start!r}")
+        check_bool(independent_start, "model.independent_start")
         self.spin, self.candidates = spin, candidates  # read by build_energy, called in StructuredLearner.__init__
         super().__init__(num_features, num_labels, **kwargs)
         self.save_hyperparameters({"spin": spin, "candidates": candidates, "independent_start": independent_start})

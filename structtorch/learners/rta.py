@@ -29,7 +29,7 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from ..energies import LinearTableEnergy, TreeEnsembleEnergy
-from ..graph import Graph, check_int
+from ..graph import Graph, check_bool, check_int
 from ..inference import ensemble_map, tree_max_marginals
 from ..losses import total_score
 from ..plots import heatmap_figure
@@ -92,8 +92,7 @@ class RTA(StructuredLearner):
                  **kwargs) -> None:
         for name, v, low in (("num_trees", num_trees, 1), ("k", k, 1), ("num_labels", num_labels, 2)):
             check_int(v, f"RTA: {name}", low)
-        if not isinstance(independent_start, bool):
-            raise ValueError(f"RTA: independent_start must be a bool, got {independent_start!r}")
+        check_bool(independent_start, "RTA: independent_start")
         k_max = max(k, min(2 * num_labels, 32)) if k_max is None else k_max
         check_int(k_max, "RTA: k_max", k, expected=f"an int >= k={k}")
         self._trees = random_spanning_trees(num_labels, num_trees, torch.Generator().manual_seed(seed))
@@ -224,8 +223,7 @@ class MAM(StructuredLearner):
     def __init__(self, num_features: int, num_labels: int, num_trees: int = 10, seed: int = 0,
                  independent_start: bool = True, **kwargs) -> None:
         check_int(num_trees, "MAM: num_trees", 1)
-        if not isinstance(independent_start, bool):
-            raise ValueError(f"MAM: independent_start must be a bool, got {independent_start!r}")
+        check_bool(independent_start, "MAM: independent_start")
         self.trees = random_spanning_trees(num_labels, num_trees, torch.Generator().manual_seed(seed))
         super().__init__(num_features, num_labels, **kwargs)
         self.save_hyperparameters({"independent_start": independent_start})

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import torch
 
 from ..energies import Energy
-from ..graph import Graph, check_float, check_int, component_labels
+from ..graph import Graph, check_bool, check_float, check_int, component_labels
 from ..inference import smoothed_lp, tree_kbest, tree_map
 from ..inference.kbest import ensemble_search
 from ..losses import hamming_margin
@@ -207,9 +207,7 @@ class BCFW:
         if steps == "block" and not hasattr(energy, "block_gram"):
             raise TypeError(f"steps='block' needs {type(energy).__name__}.block_gram; use steps='batch'")
         sweeps = check_int(sweeps, "sweeps", 1)
-        if not isinstance(averaging, bool):
-            raise ValueError(f"averaging must be a bool, got {averaging!r}")
-        self.averaging = averaging
+        self.averaging = check_bool(averaging, "averaging")
         self.energy, self.oracle, self.steps, self.sweeps, self.margin = energy, oracle, steps, sweeps, margin
         self.num_models = energy.num_models
         self.num_examples, self.margin_scale, self.bias_reg, self.tol = num_examples, margin_scale, bias_reg, tol
