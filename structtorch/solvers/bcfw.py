@@ -343,9 +343,10 @@ class BCFW:
                 keep = self.mask[:, index].T.to(U.dtype)  # [B, M]
                 qi = q[index].to(U.dtype)
                 m_u, m_p = one_hot_marginals(y, self.energy.graph, U.shape[-1], U.dtype)
-                self.nu_unary[index] = (m_u.unsqueeze(1) - qi) * keep[..., None, None]
+                nu_u = (m_u.unsqueeze(1) - qi) * keep[..., None, None]
                 mu_p = qi[..., e[:, 0], :, None] * qi[..., e[:, 1], None, :]
-                self.nu_pair[index] = (m_p.unsqueeze(1) - mu_p) * keep[..., None, None, None]
+                nu_p = (m_p.unsqueeze(1) - mu_p) * keep[..., None, None, None]
+                self.nu_unary[index], self.nu_pair[index] = nu_u, nu_p
                 right = qi.gather(-1, y[:, None, :, None].expand(*qi.shape[:-1], 1)).squeeze(-1)  # [B, M, n]
                 if self.margin == "hamming":
                     nodes = (1 - right).movedim(1, 0)
@@ -353,9 +354,10 @@ class BCFW:
                     ell = ell.movedim(0, 1)
                 else:
                     ell = (1 - right.prod(-1)).unsqueeze(-1)
-                self.ell[index] = self.margin_scale * ell * keep[..., None]
-                lin += (self.ell[index].sum(-1).T.to(f64) / self.count[:, None]).sum(1)
-            self._add_weights(acc, U, P, self.nu_unary[index], self.nu_pair[index])
+                ell = self.margin_scale * ell * keep[..., None]
+                self.ell[index] = ell
+                lin += (ell.sum(-1).T.to(f64) / self.count[:, None]).sum(1)
+            self._add_weights(acc, U, P, nu_u, nu_p)
         with torch.no_grad():
             sq = self._sq_norm([a * bs ** 0.5 for a, bs in zip(acc, self._bias_scale)], f64)
             c = torch.where(sq > 0, lin / (self.lam.to(f64) * sq).clamp_min(torch.finfo(f64).tiny), 1.0)

@@ -215,9 +215,10 @@ class DCDStrategy(Certified):
 
 class BCFWStrategy(Certified):
     """Block-coordinate Frank-Wolfe in the SSVM dual (the learner's ``bcfw_oracle``), one step per batch, from
-    w = 0 (a resumed run restores its weights and dual state); the exact gap whenever the running estimate says
-    it may certify. An oracle that counts its searches (``reset`` / ``stats``, e.g. RTA's K-best search) has
-    them logged as train/certified and train/mean_k and reported under ``inference.train``."""
+    the learner's ``dual_start`` or w = 0 (a resumed run restores its weights and dual state); the exact gap
+    whenever the running estimate says it may certify. An oracle that counts its searches (``reset`` / ``stats``,
+    e.g. RTA's K-best search) has them logged as train/certified and train/mean_k and reported under
+    ``inference.train``."""
 
     name = "bcfw"
 
@@ -248,10 +249,11 @@ class BCFWStrategy(Certified):
                 for p, saved in zip(learner.energy.parameters(), loaded):
                     p.copy_(saved)
             return
-        q = learner.dual_start(self.x, learner.energy_labels(self.y), lam, mask)
+        labels = learner.energy_labels(self.y)
+        q = learner.dual_start(self.x, labels, lam, mask)
         if q is not None:
             every = torch.arange(len(self.x), device=self.x.device).split(learner.certificate_rows)
-            mix = self.solver.start_at(((self.x[i], learner.energy_labels(self.y[i]), i) for i in every), q)
+            mix = self.solver.start_at(((self.x[i], labels[i], i) for i in every), q)
             self.start = {"mix": plain(mix), "dual": plain(self.solver.dual())}
 
     def epoch_start(self) -> None:
