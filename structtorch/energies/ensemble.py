@@ -19,7 +19,19 @@ from ..potentials import Potentials
 from .base import Energy
 from .linear import check_num_models, feature_gram
 
-__all__ = ["TreeEnsembleEnergy"]
+__all__ = ["FEATURE_MAPS", "TreeEnsembleEnergy"]
+
+#: TreeEnsembleEnergy's varphi(x): x / |x| (the paper's), x / sqrt(D), x as given
+FEATURE_MAPS = ("row", "global", "none")
+
+
+def _feature_map(normalize: bool | str) -> str:
+    """normalize (True, False or a name in ``FEATURE_MAPS``) as a name."""
+    if isinstance(normalize, bool):
+        return "row" if normalize else "none"
+    if normalize not in FEATURE_MAPS:
+        raise ValueError(f"normalize must be True, False or one of {FEATURE_MAPS}, got {normalize!r}")
+    return normalize
 
 
 class TreeEnsembleEnergy(Energy):
@@ -31,37 +43,65 @@ class TreeEnsembleEnergy(Energy):
         num_states: K labels per node (2 for multilabel).
         bias: a weight per (tree, edge, edge label) on a constant input (regularised like the biases of
             the other energies).
-        normalize: varphi(x) = x / |x| and each tree's features scaled by 1 / sqrt(n-1) (phi_hat of the
-            paper); False: x as given, no scaling.
+        normalize: varphi(x), one of ``FEATURE_MAPS``: "row" (or True): x / |x|, each row of unit norm, the paper's
+            phi_hat; "global": x / sqrt(D) (unit mean squared norm for standardised inputs), or x divided by the
+            training rows' root mean squared norm once ``set_feature_map`` has seen them; rows keep their relative
+            norms; with either, each tree's features are scaled by 1 / sqrt(n-1). "none" (or False): x as given, no
+            scaling. ``set_feature_map`` switches between "row" and "global" (``RTA``'s normalize="auto").
         num_models: M models trained at once (regularisation grid, CV folds), or None.
 
     Potentials: unary zeros [(M,) B, n, K]; pairwise [(M,) B, T, n-1, K, K]. Parameters: weight
-    [(M,) T, n-1, K*K, D], bias [(M,) T, n-1, K*K]. ``tree_edges`` (buffer, checkpointed) holds the trees.
+    [(M,) T, n-1, K*K, D], bias [(M,) T, n-1, K*K]. Buffers (checkpointed): ``tree_edges``, the trees,
+    ``feature_map_index``, the feature map's index in ``FEATURE_MAPS``, and ``global_norm``, "global"'s divisor.
     """
 
     is_linear = True
 
     def __init__(self, num_features: int, trees: Graph, num_states: int = 2, bias: bool = True,
-                 normalize: bool = True, num_models: int | None = None) -> None:
+                 normalize: bool | str = True, num_models: int | None = None) -> None:
         super().__init__()
         check_num_models(num_models)
         if not isinstance(trees, Graph) or not trees.is_ensemble:
             raise ValueError(f"trees must be an ensemble Graph with edges [T, n-1, 2], got {trees!r}")
         trees.require_spanning_trees("TreeEnsembleEnergy")
         check_int(num_states, "num_states", 2)
-        self.graph, self.num_states, self.num_models, self.normalize = trees, num_states, num_models, normalize
+        self.graph, self.num_states, self.num_models = trees, num_states, num_models
         lead = () if num_models is None else (num_models,)
         T, E = trees.num_graphs, trees.num_edges
         self.weight = nn.Parameter(torch.zeros(*lead, T, E, num_states ** 2, num_features))
         self.bias = nn.Parameter(torch.zeros(*lead, T, E, num_states ** 2)) if bias else None
         self.register_buffer("tree_edges", trees.edges.clone())
-        #: 1 / |phi_t| with a unit-norm varphi(x): phi_hat_t = phi_t / sqrt(n - 1)
-        self.tree_scale = 1.0 / math.sqrt(E) if normalize and E else 1.0
+        self.register_buffer("feature_map_index", torch.tensor(FEATURE_MAPS.index(_feature_map(normalize))))
+        self.register_buffer("global_norm", torch.tensor(0.0))  # "global"'s divisor; 0: sqrt(D)
+
+    @property
+    def feature_map(self) -> str:
+        """varphi's name in ``FEATURE_MAPS``."""
+        return FEATURE_MAPS[int(self.feature_map_index)]
+
+    def set_feature_map(self, name: str, x: torch.Tensor | None = None) -> None:
+        """Switch varphi between "row" and "global" (both unit norm on average: the weights' scale means the same);
+        with training rows x [N, D], "global" divides by their root mean squared norm instead of sqrt(D)."""
+        if name not in ("row", "global") or self.feature_map == "none":
+            raise ValueError(f"set_feature_map switches between 'row' and 'global' on a normalised energy, got "
+                             f"{name!r} on {self.feature_map!r}")
+        self.feature_map_index.fill_(FEATURE_MAPS.index(name))
+        if x is not None:
+            self.global_norm.fill_(float(x.double().pow(2).sum(-1).mean().sqrt()))
+
+    @property
+    def tree_scale(self) -> float:
+        """1 / |phi_t| with varphi(x) of unit norm: phi_hat_t = phi_t / sqrt(n - 1); 1 without normalising."""
+        E = self.graph.num_edges
+        return 1.0 / math.sqrt(E) if self.feature_map != "none" and E else 1.0
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """varphi(x) [B, D]: x / |x| (normalize) or x."""
-        if not self.normalize:
+        """varphi(x) [B, D] (``feature_map``): x / |x|, x / ``global_norm`` (default sqrt(D)) or x."""
+        name = self.feature_map
+        if name == "none":
             return x
+        if name == "global":
+            return x / (float(self.global_norm) or math.sqrt(x.shape[-1]))
         return x / x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
 
     def forward(self, x: torch.Tensor) -> Potentials:
