@@ -52,7 +52,8 @@ class TreeEnsembleEnergy(Energy):
 
     Potentials: unary zeros [(M,) B, n, K]; pairwise [(M,) B, T, n-1, K, K]. Parameters: weight
     [(M,) T, n-1, K*K, D], bias [(M,) T, n-1, K*K]. Buffers (checkpointed): ``tree_edges``, the trees,
-    ``feature_map_index``, the feature map's index in ``FEATURE_MAPS``, and ``global_norm``, "global"'s divisor.
+    ``feature_map_index``, the feature map's index in ``FEATURE_MAPS``, and ``global_norm``, "global"'s divisor
+    (sqrt(D) until ``set_feature_map`` sees training rows).
     """
 
     is_linear = True
@@ -72,7 +73,7 @@ class TreeEnsembleEnergy(Energy):
         self.bias = nn.Parameter(torch.zeros(*lead, T, E, num_states ** 2)) if bias else None
         self.register_buffer("tree_edges", trees.edges.clone())
         self.register_buffer("feature_map_index", torch.tensor(FEATURE_MAPS.index(_feature_map(normalize))))
-        self.register_buffer("global_norm", torch.tensor(0.0))  # "global"'s divisor; 0: sqrt(D)
+        self.register_buffer("global_norm", torch.tensor(math.sqrt(num_features)))  # "global"'s divisor
 
     @property
     def feature_map(self) -> str:
@@ -96,12 +97,12 @@ class TreeEnsembleEnergy(Energy):
         return 1.0 / math.sqrt(E) if self.feature_map != "none" and E else 1.0
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """varphi(x) [B, D] (``feature_map``): x / |x|, x / ``global_norm`` (default sqrt(D)) or x."""
+        """varphi(x) [B, D] (``feature_map``): x / |x|, x / ``global_norm`` or x."""
         name = self.feature_map
         if name == "none":
             return x
         if name == "global":
-            return x / (float(self.global_norm) or math.sqrt(x.shape[-1]))
+            return x / self.global_norm.to(x.dtype)
         return x / x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
 
     def forward(self, x: torch.Tensor) -> Potentials:

@@ -156,7 +156,7 @@ class RTA(StructuredLearner):
         scores = {}
         with phase(f"RTA feature map: {FEATURE_CV_FOLDS}-fold CV of Independent"):
             for name in ("row", "global"):
-                energy.set_feature_map(name, x)
+                energy.set_feature_map(name, x if name == "global" else None)  # the rms norm only where used
                 phi = energy.features(x.to(torch.float64))
                 with budget_share(START_SHARE / 2):  # about the same time for each
                     fitted = independent_svms(phi, y, lam, masks, bias_reg=self.bias_reg, tol=0.05)
@@ -259,7 +259,7 @@ class RTA(StructuredLearner):
         if "energy.feature_map_index" not in weights:  # written before the feature maps: x / |x| or x as given
             weights["energy.feature_map_index"] = self.energy.feature_map_index.new_tensor(
                 FEATURE_MAPS.index("none" if self.hparams.normalize is False else "row"))
-            weights["energy.global_norm"] = self.energy.global_norm.new_tensor(0.0)
+            weights["energy.global_norm"] = self.energy.global_norm.clone()
         saved = checkpoint.get("state_dict", {}).get("energy.tree_edges")
         if saved is not None and not torch.equal(saved.cpu(), self.trees.edges.cpu()):
             raise ValueError(f"the checkpoint's trees differ from the ones drawn from seed={self.hparams.seed} "
