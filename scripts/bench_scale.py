@@ -5,11 +5,12 @@
                                   [--update]
 
 Every cell is the user's command in its own process, ``python -m structtorch.train model=<m> data=mulan ...``
-with the learner's defaults and one bounded epoch: ``model.solver_iters=10`` L-BFGS iterations (or one BCFW pass)
-and the certificate pass after it, structure learning included (Chow-Liu, the trees, candidate graphs). Labels
-axis: the ``n`` most frequent labels of delicious (``data.max_labels``, 983 labels in all) on ``--label-rows``
-seeded training rows (``data.max_rows``); examples axis: ``N`` seeded rows of tmc2007's training file (22 labels,
-21,519 rows). Recorded: ``train_seconds`` of the run and the process's peak resident memory.
+with the learner's defaults and one bounded epoch: ``model.solver_iters=10`` L-BFGS iterations (RTA:
+``model.solver_iters=1``, one BCFW pass) and the certificate pass after it, structure learning included (Chow-Liu,
+the trees, candidate graphs). Labels axis: the ``n`` most frequent labels of delicious (``data.max_labels``, 983
+labels in all) on ``--label-rows`` seeded training rows (``data.max_rows``); examples axis: ``N`` seeded rows of
+tmc2007's training file (22 labels, 21,519 rows). Recorded: ``train_seconds`` of the run and the process's peak
+resident memory.
 Printed: each learner's growth exponent, the slope of log(time) against log(n) or log(N) fitted over the cells
 that finished (1: linear; memory: of the peak above a process that only imports the command). Writes
 scripts/results/bench_scale.json and bench_scale.png. Sizes that do not finish in ``--timeout`` seconds say so in
@@ -43,8 +44,9 @@ def command(model: str, axis: str, size: int, label_rows: int, run_dir: Path) ->
     """The training command of one cell: ``model`` with its defaults, one bounded epoch, at ``size``."""
     data, knob = AXES[axis]
     rows = [f"data.max_rows={label_rows}"] if axis == "labels" else []
+    iters = 1 if model == "rta" else 10  # BCFW: one pass
     return [sys.executable, "-m", "structtorch.train", f"model={model}", "data=mulan", f"data.name={data}",
-            f"{knob}={size}", *rows, "data.val_fraction=0", "trainer.max_epochs=1", "model.solver_iters=10",
+            f"{knob}={size}", *rows, "data.val_fraction=0", "trainer.max_epochs=1", f"model.solver_iters={iters}",
             "logger=none", "trainer.enable_progress_bar=false", f"hydra.run.dir={run_dir}"]
 
 

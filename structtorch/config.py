@@ -38,7 +38,7 @@ class ModelConfig:
     lr_schedule: str = "cosine"
     tol: float = 1e-3  # relative duality gap at which a certified solver stops
     bias_reg: Any = "auto"  # the bias's regulariser relative to l2; auto: 1 for bcfw, else 1e-4
-    solver_iters: int = 200
+    solver_iters: int = 200  # per epoch at most: L-BFGS iterations, DCD epochs or BCFW passes
     margin: str = "hamming"  # hamming (M3N) | zero_one (margin against the worst violator; solver bcfw or adam)
     margin_scale: float = 1.0
     bcfw_averaging: bool = False  # solver=bcfw: certify (and predict with) the weighted average of the iterates

@@ -166,7 +166,7 @@ def test_rta_on_medical_shaped_data_never_stops_on_a_negative_gap(tmp_path):
     and training stopped. Now the primal is Lemma 7's upper bound and the gap a certificate: P >= D, not
     converged."""
     x, y = sparse_multilabel(120, num_features=600, num_labels=40, seed=1)
-    model = RTA(x.shape[1], y.shape[1])  # defaults: 10 trees, K 8 doubling to 32
+    model = RTA(x.shape[1], y.shape[1], solver_iters=1)  # defaults (10 trees, K 8 doubling to 32), a pass an epoch
     loader = torch.utils.data.DataLoader(indexed_dataset(x, y), batch_size=50, shuffle=True)
 
     class Data(L.LightningDataModule):
@@ -188,7 +188,7 @@ def _rta_fit(max_epochs: int, **kwargs) -> RTA:
     from structtorch.data.datamodule import SyntheticDataModule
 
     dm = SyntheticDataModule(num_train=60, num_test=10, num_labels=5, val_fraction=0.0, seed=0)
-    model = RTA(dm.num_features, dm.num_labels, **kwargs)
+    model = RTA(dm.num_features, dm.num_labels, **{"solver_iters": 1} | kwargs)  # one pass an epoch
     # on the CPU: the tests call the strategy after fit, when Lightning has moved the model off the GPU
     L.Trainer(max_epochs=max_epochs, accelerator="cpu", logger=False, enable_progress_bar=False,
               enable_checkpointing=False, enable_model_summary=False).fit(model, datamodule=dm)
@@ -205,6 +205,17 @@ def test_a_run_that_steps_after_its_last_certificate_is_certified_again_at_fit_e
     model = _rta_fit(2)
     final = model.strategy.certify()
     assert model.strategy.certificate.primal.tolist() == final.primal.tolist() and not model.strategy.stale
+
+
+def test_bcfw_ends_its_epoch_once_its_estimate_says_it_may_certify_certified_or_not(monkeypatch):
+    """BCFW passes over the training set until its running estimate says it may certify (at most solver_iters), then
+    the epoch ends on the certificate, whatever it says: where the primal is a loose bound (RTA's uncertified
+    searches) more passes do not close the gap (flags: an estimate of 3e-5, a certified gap of 9e-3)."""
+    from structtorch.solvers import BCFW
+
+    monkeypatch.setattr(BCFW, "should_certify", lambda self: True)
+    model = _rta_fit(2, solver_iters=200, tol=1e-12)
+    assert model.strategy.step_rows == 60 and not model.solver_report()["converged"]  # one pass an epoch
 
 
 def test_bcfw_keeps_the_closing_certificate_s_time_out_of_the_budget(monkeypatch):

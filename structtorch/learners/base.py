@@ -83,8 +83,9 @@ class StructuredLearner(L.LightningModule):
         bias_reg: rho, the certified solvers' bias regulariser relative to l2; "auto" (default): 1e-4 with
             lbfgs (an almost free bias) and 1 with bcfw and dcd (liblinear's convention: BCFW's dual steps stall
             along a nearly free bias, e.g. a relative gap of 0.77 after 60 epochs on emotions at 1e-4).
-        solver_iters: L-BFGS iterations (solver="lbfgs"; certified every 20) or DCD epochs (solver="dcd";
-            certified every 5) per training epoch at most.
+        solver_iters: L-BFGS iterations (solver="lbfgs"; certified every 20), DCD epochs (solver="dcd";
+            certified every 5) or BCFW passes over the training set (solver="bcfw"; certified where the running
+            gap estimate says it may) per training epoch at most.
         margin: "hamming" (M3N: the hinge's margin is the Hamming distance) or "zero_one" (margin against the
             worst violator, the best assignment other than the label: ``worst_violator``; RTA's Def. 6).
         margin_scale: weight of the margin term in the hinge.
