@@ -289,6 +289,8 @@ def _run(cfg: DictConfig, out: Path, record: bool) -> dict[str, Any]:
         if ckpt is not None:
             found = " (ckpt_path=last: the one earlier run of this configuration)" if cfg.ckpt_path == "last" else ""
             log.info("resuming from %s%s", ckpt, found)
+    if trainer.logger is not None:  # Lightning's own merge of the two refuses a data.seed other than model.seed
+        trainer.logger.log_hyperparams({"data": dict(dm.hparams)})
     t0 = time.perf_counter()
     with time_budget(_budget(cfg.trainer.time_budget)):
         trainer.fit(model, datamodule=dm, ckpt_path=ckpt)

@@ -268,6 +268,16 @@ def test_run_writes_metrics_json(overrides, tmp_path):
 
 
 
+@pytest.mark.parametrize("model", ["mam", "rta"])
+def test_a_data_seed_other_than_the_models_runs_and_both_are_logged(model, tmp_path):
+    """data.seed (the split) and model.seed (the random trees) are separate settings. Lightning merges the model's
+    and the data's hyper-parameters for the logger and refuses a key held by both with different values, so
+    data.seed=1 crashed every learner with a seed (RTA, MAM, CRANK) before training."""
+    run(small_cfg(f"model={model}", "data.seed=1", "trainer.max_epochs=1"), tmp_path)
+    hparams = OmegaConf.load(tmp_path / f"{model}-synthetic" / "hparams.yaml")
+    assert hparams.seed == 0 and hparams.data.seed == 1
+
+
 def test_a_grid_run_summarises_its_pixels_in_metrics_json(tmp_path):
     """Per-label entries would be one per pixel (10000 at 100x100): a grid learner writes a summary instead."""
     cfg = compose_cfg(["model=logistic", *GRID_SMALL, "trainer.max_epochs=2", "logger=none"])

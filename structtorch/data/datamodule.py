@@ -226,7 +226,7 @@ class MultilabelDataModule(_TensorDataModule):
                              f"(or a dataset of your own under data.root=<dir>)")
         if root is None:
             mulan_files(name)  # an unknown or undownloadable name fails now, with suggestions
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # train.py logs them apart (data.seed != model.seed)
         self.name, self.root, self.url = name, root, url
         self.test_fraction, self.label_attributes, self.max_labels = test_fraction, label_attributes, max_labels
         self.max_rows = None if max_rows is None else check_int(max_rows, "data.max_rows", 1)
@@ -259,7 +259,7 @@ class SyntheticDataModule(_TensorDataModule):
                  num_folds: int | None = None, fold: int = 0, num_workers: int = 0, standardize: bool = False,
                  pairwise_scale: float | None = None, pairwise_mean: float = 0.0) -> None:
         super().__init__(batch_size, val_fraction, seed, num_folds, fold, num_workers, standardize)
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # train.py logs them apart (data.seed != model.seed)
         self.num_train, self.num_test = num_train, num_test
         self._num_labels_arg, self._num_features_arg = num_labels, num_features
         self.pairwise_scale, self.pairwise_mean = pairwise_scale, pairwise_mean
@@ -287,7 +287,7 @@ class TreeCRFSyntheticDataModule(_TensorDataModule):
                  joint: str = "intractable", batch_size: int = 64, val_fraction: float = 0.1, seed: int = 0,
                  num_folds: int | None = None, fold: int = 0, num_workers: int = 0, standardize: bool = False) -> None:
         super().__init__(batch_size, val_fraction, seed, num_folds, fold, num_workers, standardize)
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # train.py logs them apart (data.seed != model.seed)
         self.options = dict(num_train=num_train, num_test=num_test, num_labels=num_labels, structure=structure,
                             factors=factors, strengths=tuple(strengths), alternating=alternating, cross=cross,
                             cross_strength=cross_strength, joint=joint)

@@ -117,7 +117,7 @@ class DenoisingDataModule(GridDataModule):
                  blur: float = 10.0, batch_size: int = 16, val_fraction: float = 0.0, seed: int = 0,
                  num_workers: int = 0) -> None:
         super().__init__(batch_size, val_fraction, seed, num_workers, num_states=2)
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # train.py logs them apart (data.seed != model.seed)
         self.options = dict(height=height, width=width, blur=blur)
         self.num_train, self.num_test = num_train, num_test
         check_float(blur, "data.blur", 0.0, expected="a number > 0 (the Gaussian's std in pixels)")

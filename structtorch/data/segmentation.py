@@ -147,7 +147,7 @@ class SegmentationDataModule(GridDataModule):
                  width: int = 60, hog_cell: int = 6, threshold: int = 128, test_fraction: float = 0.3,
                  batch_size: int = 16, val_fraction: float = 0.0, seed: int = 0, num_workers: int = 0) -> None:
         super().__init__(batch_size, val_fraction, seed, num_workers, num_states=2)
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # train.py logs them apart (data.seed != model.seed)
         for name, v in (("height", height), ("width", width), ("hog_cell", hog_cell)):
             check_int(v, f"data.{name}", 1)
         check_int(threshold, "data.threshold", 1, 255, "an int in [1, 255] (mask grey level from which on a pixel "
