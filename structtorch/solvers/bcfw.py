@@ -404,6 +404,13 @@ class BCFW:
         self.epoch_gap = torch.zeros_like(self.lam)
         self.epoch_loss = torch.zeros_like(self.lam)
 
+    def start_pass(self, batch_size: int, generator: torch.Generator | None = None,
+                   device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+        """A new pass over the examples (``start_epoch``): their indices in an order drawn from ``generator``, in
+        batches of ``batch_size`` ([<= batch_size] long each, on ``device``)."""
+        self.start_epoch()
+        return torch.randperm(self.num_examples, generator=generator).to(device).split(batch_size)
+
     def step(self, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor) -> StepInfo:
         """One block update on a batch: x [B, D], y [B, n] long, index [B] long (distinct example ids).
         With averaging, the step is the iterate's and ``dual`` is the average's."""
@@ -588,8 +595,7 @@ class BCFW:
         full = [(x[i], y[i], i) for i in every.split(max(batch_size, 256))]
         info = None
         for _ in range(max_epochs):
-            self.start_epoch()
-            for i in torch.randperm(self.num_examples, generator=generator).to(x.device).split(batch_size):
+            for i in self.start_pass(batch_size, generator, x.device):
                 self.step(x[i], y[i], i)
             if self.should_certify():
                 info = self.duality_gap(full)

@@ -299,10 +299,8 @@ class BCFWStrategy(Certified):
         """Pass ``p`` of the epoch over the training set, in the training batches' size and an order drawn from the
         epoch and ``p`` (the same on every rank); False when the time budget stopped it before its end."""
         gap = float(self.solver.gap_estimate().max())  # the last pass's
-        self.solver.start_epoch()
         seed = self.learner.current_epoch * self.learner.hparams.solver_iters + p
-        order = torch.randperm(len(self.x), generator=torch.Generator().manual_seed(seed)).to(self.x.device)
-        for i in order.split(self.batch_rows):
+        for i in self.solver.start_pass(self.batch_rows, torch.Generator().manual_seed(seed), self.x.device):
             if not self.may_step():
                 return False
             self.bcfw_step(self.x[i], self.y[i], i)
