@@ -90,6 +90,10 @@ def checkpointed(max_epochs: int, folder) -> L.Trainer:
                      enable_model_summary=False, callbacks=[ModelCheckpoint(dirpath=folder, save_last=True)])
 
 
+#: the tests of the ``crank`` fixture run on one xdist worker (``--dist loadgroup``): the module fixture trains once
+CRANK_FIXTURE_GROUP = pytest.mark.xdist_group("crank_fixture")
+
+
 @pytest.fixture(scope="module")
 def crank(small, tmp_path_factory) -> tuple[CRANK, L.Trainer, list[dict]]:
     steps = []
@@ -127,6 +131,7 @@ def assert_loads_as_trained(model: CRANK, ckpt: str, x: torch.Tensor) -> None:
         assert torch.equal(y_hat, model.eval()(x))
 
 
+@CRANK_FIXTURE_GROUP
 def test_crank_ends_on_a_forest_and_predicts_exactly(crank, small):
     model, trainer, steps = crank
     assert model.strategy.done and trainer.current_epoch < 60
@@ -138,6 +143,7 @@ def test_crank_ends_on_a_forest_and_predicts_exactly(crank, small):
     assert int(model.best) == int(model.last_objective.argmin())
 
 
+@CRANK_FIXTURE_GROUP
 def test_crank_checkpoint_holds_the_learned_tree(crank, small):
     """last.ckpt is written at the end of the last epoch: it already has the forest the model predicts on
     (not the complete graph with zeros off the tree, predicting by the smoothed LP)."""
@@ -145,9 +151,11 @@ def test_crank_checkpoint_holds_the_learned_tree(crank, small):
     assert_loads_as_trained(model, trainer.checkpoint_callback.last_model_path, small.test_tensors[0])
 
 
+@CRANK_FIXTURE_GROUP
 def test_crank_stopped_when_its_support_became_a_forest_resumes(crank, small, tmp_path):
     """A run that stops at max_epochs at the first CCCP iteration whose best support is a forest (not yet
-    converged) checkpoints that forest; resumed, it goes on from the complete graph and ends on a forest."""
+    converged) checkpoints that forest; resumed, it keeps its restarts' weights, beta and iteration count, goes on
+    from the complete graph and ends on a forest like an uninterrupted run."""
     _, _, steps = crank
     first = next(i for i, s in enumerate(steps) if s["train/circuit_rank"] == 0) + 1
     model = CRANK(small.num_features, small.num_labels, **CRANK_KWARGS)
@@ -156,8 +164,14 @@ def test_crank_stopped_when_its_support_became_a_forest_resumes(crank, small, tm
     assert not model.strategy.done and model.strategy.outer_iterations == first
     assert_loads_as_trained(model, stopped.checkpoint_callback.last_model_path, small.test_tensors[0])
     again = CRANK(small.num_features, small.num_labels, **CRANK_KWARGS)
+    seen = {}
+    original = again.on_fit_start
+    again.on_fit_start = lambda: (original(), seen.update(beta=float(again.beta), iters=again.strategy.outer_iterations,
+                                                          w=again.restart_energy.edge_weight.detach().clone()))[0]
     resumed = checkpointed(60, tmp_path / "b")
     resumed.fit(again, datamodule=small, ckpt_path=stopped.checkpoint_callback.last_model_path)
+    assert seen["beta"] == float(model.beta) and seen["iters"] == first
+    assert torch.equal(seen["w"], model.restart_energy.edge_weight.detach())
     assert again.strategy.done and again.strategy.outer_iterations > first
     assert_loads_as_trained(again, resumed.checkpoint_callback.last_model_path, small.test_tensors[0])
 
@@ -288,6 +302,7 @@ def test_crank_search_rows_are_capped_by_its_smoothed_lp_size(small, monkeypatch
         CRANK(small.num_features, small.num_labels, search_rows=1)
 
 
+@CRANK_FIXTURE_GROUP
 def test_crank_objective_decreases_within_each_beta(crank):
     """CCCP: l + beta f never increases while beta is fixed (up to the inner LP's tolerance)."""
     _, _, steps = crank
@@ -296,6 +311,7 @@ def test_crank_objective_decreases_within_each_beta(crank):
             assert bool((cur["all"] <= prev["all"] + 1e-4 * prev["all"].abs()).all())
 
 
+@CRANK_FIXTURE_GROUP
 def test_crank_beats_independent_and_recovers_the_tree(crank, small, independent_on_exclusions):
     """On labels that only the right label interactions explain (conftest.EXCLUSIONS), CRANK's tree beats the
     structure-free Independent by far more than test noise (measured: subset 0.864 vs 0.641, Hamming 0.969 vs
@@ -321,30 +337,6 @@ def test_crank_bad_input(small):
 
 def test_crank_is_a_cli_learner():
     assert LEARNERS["crank"] is CRANK
-
-
-def test_crank_resumes_from_a_checkpoint(small, tmp_path):
-    """A run stopped after 2 CCCP iterations and resumed keeps its restarts' weights, beta and iteration
-    count, and finishes on a forest like an uninterrupted run."""
-    kwargs = {"l2": 0.01, "restarts": 2, "inner_iters": 40, "beta": 1e-4, "beta_growth": 4.0}
-
-    def trainer(epochs: int) -> L.Trainer:
-        return L.Trainer(accelerator="cpu", max_epochs=epochs, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=tmp_path)
-
-    first = CRANK(small.num_features, small.num_labels, **kwargs)
-    trainer(2).fit(first, datamodule=small)
-    assert not first.strategy.done and first.strategy.outer_iterations == 2
-    ckpt = next(tmp_path.rglob("*.ckpt"))
-    again = CRANK(small.num_features, small.num_labels, **kwargs)
-    seen = {}
-    original = again.on_fit_start
-    again.on_fit_start = lambda: (original(), seen.update(beta=float(again.beta), iters=again.strategy.outer_iterations,
-                                                          w=again.restart_energy.edge_weight.detach().clone()))[0]
-    trainer(60).fit(again, datamodule=small, ckpt_path=str(ckpt))
-    assert seen["beta"] == float(first.beta) and seen["iters"] == 2
-    assert torch.equal(seen["w"], first.restart_energy.edge_weight.detach())
-    assert again.strategy.done and again.graph.is_forest and again.strategy.outer_iterations > 2
 
 
 # ---------------------------------------------------------------------- per-model forests, Greedy, MST
@@ -406,24 +398,37 @@ def test_train_forests_warm_started_from_a_subforest_reach_the_same_optimum():
                                                                                       dtype=F64))
 
 
+@pytest.fixture(scope="module")
+def edge_models_on_all_labels():
+    """The reference of MST's gains: data (150 rows, 5 labels) and the certified (1e-6) objectives [1 + E] of the
+    empty graph and of each single edge of the complete graph, every model trained on all labels (computed once for
+    both cases of the test below)."""
+    from structtorch.data import crank_synthetic
+
+    d = crank_synthetic(150, 10, 5, 3, seed=0)
+    E = Graph.complete(5).num_edges
+    forests = torch.cat([torch.zeros(1, E, dtype=torch.bool), torch.eye(E, dtype=torch.bool)])
+    bias_reg = MST(3, 5, l2=0.01, tol=1e-6).bias_reg
+    return d, bias_reg, forest_objectives(d.x_train.double(), d.y_train, forests, 0.01, bias_reg, tol=1e-6, spin=True)
+
+
+@pytest.mark.xdist_group("mst_gains")  # one worker: the reference objectives are computed once
 @pytest.mark.parametrize("copy_rows", [None, 3 * 150])
-def test_mst_gains_by_components_equal_each_edge_model_trained_on_all_labels(copy_rows, monkeypatch):
+def test_mst_gains_by_components_equal_each_edge_model_trained_on_all_labels(copy_rows, monkeypatch,
+                                                                             edge_models_on_all_labels):
     """MST's gains from the forest of label copies (each label alone, each edge's pair) equal obj(empty) -
     obj(empty + edge) with every edge's model trained on all labels, each certified (1e-6); also when the copies
     are trained in batches of 3 (``MAX_COPY_ROWS``, which bounds the memory at hundreds of labels)."""
-    from structtorch.data import crank_synthetic
     from structtorch.learners import baselines
 
     if copy_rows is not None:
         monkeypatch.setattr(baselines, "MAX_COPY_ROWS", copy_rows)
 
-    d = crank_synthetic(150, 10, 5, 3, seed=0)
+    d, bias_reg, objective = edge_models_on_all_labels
     model = MST(3, 5, l2=0.01, tol=1e-6)
     model.resolve_l2(150)
+    assert model.bias_reg == bias_reg  # the reference's regulariser
     mask = model.build_structure(d.x_train, d.y_train)
-    E = Graph.complete(5).num_edges
-    forests = torch.cat([torch.zeros(1, E, dtype=torch.bool), torch.eye(E, dtype=torch.bool)])
-    objective = forest_objectives(d.x_train.double(), d.y_train, forests, 0.01, model.bias_reg, tol=1e-6, spin=True)
     gains = torch.tensor(model.search_log[0]["gains"], dtype=F64)
     assert torch.allclose(gains, objective[0] - objective[1:], rtol=0, atol=1e-6), (gains, objective[0] - objective[1:])
     assert model.search_log[0]["empty"] == pytest.approx(float(objective[0]), rel=1e-6)

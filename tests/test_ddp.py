@@ -137,6 +137,10 @@ DDP_SCRIPT = textwrap.dedent('''
 ''')
 
 
+#: the tests of ``ddp_script_results`` run on one xdist worker (``--dist loadgroup``): the script runs once
+DDP_SCRIPT_GROUP = pytest.mark.xdist_group("ddp_script")
+
+
 @pytest.fixture(scope="module")
 def ddp_script_results(tmp_path_factory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("ddp_script")
@@ -146,6 +150,7 @@ def ddp_script_results(tmp_path_factory) -> list[dict]:
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+@DDP_SCRIPT_GROUP
 def test_metrics_are_reduced_across_processes(ddp_script_results):
     """Rank 0 sees only correct examples, rank 1 only wrong ones: every rank must report the global
     value, and micro-F1 (2 tp / (2 tp + fp + fn) over pooled counts) tells sum-reduced states apart from
@@ -168,6 +173,7 @@ def _train_indices(rank_batches: list[list]) -> dict[int, list[list[int]]]:
     return out
 
 
+@DDP_SCRIPT_GROUP
 def test_ddp_splits_the_global_batch_and_covers_each_epoch(ddp_script_results):
     ranks = [_train_indices(r["batches"]) for r in ddp_script_results]
     for epoch in (0, 1):
@@ -178,6 +184,7 @@ def test_ddp_splits_the_global_batch_and_covers_each_epoch(ddp_script_results):
     assert ranks[0][0] != ranks[0][1]  # reshuffled every epoch
 
 
+@DDP_SCRIPT_GROUP
 def test_ddp_global_batches_are_the_single_process_batches(ddp_script_results):
     ranks = [_train_indices(r["batches"]) for r in ddp_script_results]
     sampler = EpochShuffle(96, seed=0)

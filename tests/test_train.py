@@ -509,6 +509,10 @@ def test_cli_max_epochs_0_warns_that_the_model_is_untrained(tmp_path):
 CKPT_RUN = ["model=fixed_tree", "data.num_train=200", "data.num_test=100", "trainer.enable_progress_bar=false"]
 
 
+#: the tests of ``trained_run`` run on one xdist worker (``--dist loadgroup``), in file order: its run trains once
+TRAINED_RUN_GROUP = pytest.mark.xdist_group("trained_run")
+
+
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory) -> Path:
     """A 1-epoch fixed_tree run with the default logger and checkpointing, under an outputs/ folder."""
@@ -527,6 +531,7 @@ def _epochs_trained(run_dir: Path) -> int:
     return int(ckpt["epoch"]) + 1
 
 
+@TRAINED_RUN_GROUP
 @pytest.mark.parametrize("how", ["last", "resume", "lightning_name"])
 def test_cli_resume_without_quoting(how, trained_run):
     if how == "last":
@@ -544,6 +549,7 @@ def test_cli_resume_without_quoting(how, trained_run):
     assert _epochs_trained(out) == 2  # one more epoch on top of the checkpoint's one
 
 
+@TRAINED_RUN_GROUP
 def test_cli_rejects_a_text_file_and_a_wrong_model_checkpoint(trained_run, tmp_path):
     text = tmp_path / "notes.ckpt"
     text.write_text("not a checkpoint\n")

@@ -747,6 +747,11 @@ def test_tree_max_marginals_equal_enumeration(pot):
 
 
 # ---------------------------------------------------------------------- the compiled passes (backend "compile")
+# Every test of the compiled passes runs on one xdist worker (``--dist loadgroup``): inductor's start-up is paid
+# once, and a schedule's compiled programs (kept with the schedule) serve every test on the same graph and shapes.
+COMPILE_GROUP = pytest.mark.xdist_group("compile")
+
+
 @pytest.fixture
 def compiled():
     """tree_map / tree_logz / tree_marginals through torch.compile; failing loudly rather than falling back to
@@ -766,12 +771,14 @@ COMPILE_GRAPHS = {
 }
 
 
+@COMPILE_GROUP
 @pytest.mark.parametrize("name", list(COMPILE_GRAPHS))
 def test_compiled_passes_match_brute_force(compiled, name):
     graph, dtype = COMPILE_GRAPHS[name]
     check_against_brute_force(make_potentials(graph, 3, (2,), dtype, seed=5, inf_prob=0.2))
 
 
+@COMPILE_GROUP
 def test_compiled_logz_gradcheck(compiled):
     g = GRADCHECK_GRAPHS["chain"]
     pot = make_potentials(g, 3, (2,), torch.float64, seed=7)
@@ -779,8 +786,12 @@ def test_compiled_logz_gradcheck(compiled):
     assert torch.autograd.gradcheck(lambda u, p: inf.tree_logz(Potentials(u, p, g)), (unary, pair))
 
 
+@COMPILE_GROUP
 def test_compiled_equals_eager_with_impossible_rows(compiled):
-    pot = make_potentials(Graph.chain(9), 2, (4,), torch.float64, seed=11, inf_prob=0.3)
+    # the graph, K, batch shape and dtype of COMPILE_GRAPHS["chain"]: on the worker that ran that case, the passes'
+    # programs are compiled already (kept with the schedule) and run here on other potentials
+    graph, dtype = COMPILE_GRAPHS["chain"]
+    pot = make_potentials(graph, 3, (2,), dtype, seed=11, inf_prob=0.3)
     unary = pot.unary.clone()
     unary[0] = NEG_INF  # a row with no possible assignment
     pot = Potentials(unary, pot.pairwise, pot.graph)
@@ -816,6 +827,7 @@ def test_a_pass_that_torch_cannot_compile_runs_eagerly_with_one_warning(monkeypa
         torch.testing.assert_close(inf.tree_logz(pot), logz)
 
 
+@COMPILE_GROUP
 def test_compiled_programs_live_with_their_schedule(compiled):
     """A pass compiles once per schedule and is kept on the schedule (freed with its graph): no global cache."""
     g = Graph.chain(6)
