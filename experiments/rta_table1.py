@@ -15,7 +15,8 @@ code path (``structtorch.train.run``):
 - ``svm``: the paper's SVM = ``model=independent`` (one linear SVM per label), l2 chosen by 5-fold CV
   inside each training fold (the grid is one batched, certified model);
 - ``mam``: ``model=mam``, the same number of random trees trained separately, max-marginals averaged, at
-  one l2 (``--mam-l2``, default 0.1: a grid of T-tree models per fold is 10x the SVM's cost).
+  one l2 (``--mam-l2``, default auto: ``MAM.auto_l2`` / N; a grid of T-tree models per fold is 10x the SVM's
+  cost).
 
 ``--figure1``: the percentage of test examples (fold 0) whose K-best inference is certified exact (Lemma 7)
 against K, as a percentage of the number of labels, for RTA with 5, 10 and 40 trees (paper Fig. 1),
@@ -166,7 +167,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--max-epochs", type=int, default=60)
     ap.add_argument("--set", nargs="*", default=[], help="extra Hydra overrides for the RTA runs")
-    ap.add_argument("--mam-l2", type=float, default=0.1)
+    ap.add_argument("--mam-l2", default="auto", help="MAM's model.l2 (default: its auto_l2 / N)")
     ap.add_argument("--figure1", action="store_true", help="Figure 1 instead of Table 1")
     ap.add_argument("--update", action="store_true", help="keep the committed rows that are not rerun")
     ap.add_argument("--out", default=str(ROOT / "experiments/results/rta_table1"))
