@@ -85,7 +85,7 @@ class FullConfig(M3NConfig):
     test_inference: str = "smoothed_lp"
     eps: float = 0.01
     iters: int = 20
-    lp_tol: float = 1e-3  # a smoothed-LP call's sweeps stop at a dual decrease below lp_tol * eps
+    lp_tol: float = 1e-2  # a smoothed-LP call's sweeps stop at a dual decrease below lp_tol * eps
     predict_eps: float = 0.005
     predict_iters: int = 300
 
