@@ -54,7 +54,7 @@ class CRANK(Full):
         init_scale: standard deviation of the random starting weights.
         seed: seed of the starting points.
         eps / predict_iters / lp_tol: the smoothed LP of the training hinge (temperature, sweeps, tolerance; lp_tol
-            1e-4: Full's 1e-3 is not yet measured on CCCP). Its entropy adds up to eps (n log K + E log K^2) to
+            1e-4: Full's 1e-2 is not yet measured on CCCP). Its entropy adds up to eps (n log K + E log K^2) to
             each example's loss: 12.5 at eps = 0.05 on the complete graph of 19 labels (birds), where CRANK then
             predicted too few labels; hence 0.005.
         search_rows: CCCP searches on at most this many training rows (a seeded subset; None: all, up to
