@@ -102,7 +102,6 @@ class CRANKConfig(FullConfig):
     init_scale: float = 0.1
     seed: int = 0
     eps: float = 0.005  # the smoothing's bias grows with the complete graph's edges (README, CRANK)
-    lp_tol: float = 1e-4  # Full's 1e-2 is not measured on CRANK's CCCP yet
     search_rows: Any = 2000  # CCCP searches on at most this many training rows; its forest trains on every row
 
 
