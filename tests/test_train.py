@@ -592,6 +592,9 @@ def test_the_console_says_whether_the_run_is_certified():
     certified = {"solver": "bcfw", "relative_gap": 4e-4, "converged": True, "tol": 1e-3, "epochs": 12}
     lines = format_metrics(base | {"solver": certified}).splitlines()
     assert lines[-1].startswith("duality gap") and lines[-1].endswith("12 epochs): certified")
+    below_rounding = certified | {"relative_gap": -3e-7, "tol": 1e-9}  # a gap rounding cannot tell from 0
+    assert format_metrics(base | {"solver": below_rounding}).endswith(
+        "certified to within rounding only (model.tol 1e-09 is below float64's rounding tolerance 1e-06)")
     open_grid = certified | {"relative_gap": [4e-4, 2e-2], "converged": [True, False]}
     assert "NOT certified (raise trainer.max_epochs" in format_metrics(base | {"solver": open_grid})
     searched = open_grid | {"inference": {"train": {"certified": 0.25, "mean_k": 32.0}}}
