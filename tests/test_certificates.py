@@ -267,6 +267,18 @@ def test_a_certificate_that_cannot_fit_the_budget_is_not_computed_and_the_run_sa
     assert "NOT certified (not computed: its pass over the training set would take" in console
 
 
+def test_a_budget_spent_before_any_timed_step_says_so_rather_than_a_pass_of_0_s(monkeypatch):
+    """A budget spent before the steps could time the certificate's pass (RTA at delicious spent it on its start)
+    reports no certificate and why; it used to say its pass "would take about 0 s ... past trainer.time_budget"."""
+    from structtorch.strategies import certified
+
+    monkeypatch.setattr(certified, "out_of_time", lambda distributed=False, reserve=0.0: True)
+    with pytest.warns(UserWarning, match="not computed: trainer.time_budget was spent before a second step could time"):
+        model = _rta_fit(1)
+    report = model.solver_report()
+    assert model.strategy.step_rows == 0 and report["converged"] is False and report["relative_gap"] is None
+
+
 def test_a_certificate_pass_slower_than_expected_stops_past_the_budget_and_the_run_says_so(monkeypatch):
     """The certificate's time is estimated from the steps' pace; a pass much slower than that (RTA on delicious:
     K-best searches doubling K, 14 rows/s against the steps' 130) stops as soon as its own pace says it would end

@@ -76,9 +76,12 @@ class Certified(Strategy):
                 self.certificate, self.stale = self.certify(), False
             else:
                 self.certificate = None
-                self.unfit = self.unfit or (f"not computed: its pass over the training set would take about "
-                                            f"{self.certificate_seconds():.0f} s at this run's pace, past "
-                                            f"trainer.time_budget")
+                seconds = self.certificate_seconds()
+                self.unfit = self.unfit or (
+                    f"not computed: its pass over the training set would take about {seconds:.0f} s at this run's "
+                    f"pace, past trainer.time_budget" if seconds > 0 else
+                    "not computed: trainer.time_budget was spent before a second step could time its pass over the "
+                    "training set")
 
     def certificate_fits(self) -> bool:
         """Whether a certificate now is expected to end by the time budget plus half its own time (always, without a
