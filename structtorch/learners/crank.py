@@ -66,8 +66,7 @@ class CRANK(Full):
 
     def __init__(self, num_features: int, num_labels: int, beta: float = 1e-3, beta_growth: float = 2.0,
                  cccp_tol: float = 1e-3, inner_iters: int = 100, restarts: int = 10, init_scale: float = 0.1,
-                 seed: int = 0, eps: float = 0.005, search_rows: int | None = 2000,
-                 **kwargs) -> None:
+                 seed: int = 0, eps: float = 0.005, search_rows: int | None = 2000, **kwargs) -> None:
         for name, v, low in (("beta", beta, 0.0), ("beta_growth", beta_growth, 1.0), ("cccp_tol", cccp_tol, 0.0)):
             check_float(v, f"CRANK: {name}", low)
         check_float(init_scale, "CRANK: init_scale", 0.0, strict=False)

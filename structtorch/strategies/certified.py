@@ -76,12 +76,11 @@ class Certified(Strategy):
                 self.certificate, self.stale = self.certify(), False
             else:
                 self.certificate = None
-                seconds = self.certificate_seconds()
-                self.unfit = self.unfit or (
-                    f"not computed: its pass over the training set would take about {seconds:.0f} s at this run's "
-                    f"pace, past trainer.time_budget" if seconds > 0 else
-                    "not computed: trainer.time_budget was spent before a second step could time its pass over the "
-                    "training set")
+                seconds = self.certificate_seconds()  # 0: no step after the first was timed
+                why = (f"its pass over the training set would take about {seconds:.0f} s at this run's pace, past "
+                       f"trainer.time_budget" if seconds > 0 else
+                       "trainer.time_budget was spent before a second step could time its pass over the training set")
+                self.unfit = self.unfit or f"not computed: {why}"
 
     def certificate_fits(self) -> bool:
         """Whether a certificate now is expected to end by the time budget plus half its own time (always, without a
