@@ -55,7 +55,6 @@ from .learners import LEARNERS, StructuredLearner
 from .plots import close_figure
 from .progress import time_budget
 from .runs import find_last_checkpoint, record_run
-from .solvers.certificate import rounding_tolerance
 from .threads import follow_load, retune
 
 register_configs()
@@ -358,10 +357,10 @@ def _solver_row(solver: dict[str, Any]) -> str:
     if "relative_gap" in solver:
         done = all(solver["converged"]) if isinstance(solver["converged"], list) else solver["converged"]
         verdict = "certified" if done else f"NOT certified (raise {_cap(solver)} to reach model.tol)"
-        floor = rounding_tolerance(torch.float64)
+        floor = solver["rounding_tolerance"]  # of the dtype the certificate was computed in
         if done and solver["tol"] < floor:  # a gap below the floor cannot be told from 0 (nor from a small negative)
-            verdict = (f"certified to within rounding only (model.tol {solver['tol']:g} is below float64's rounding "
-                       f"tolerance {floor:g})")
+            verdict = (f"certified to within rounding only (model.tol {solver['tol']:g} is below the solve's rounding "
+                       f"tolerance {floor:.2g})")
         searched = solver.get("inference", {}).get("train", {}).get("certified")
         if not done and searched is not None and searched < 1:  # an ensemble's K-best searches (RTA)
             verdict = (f"NOT certified ({100 * searched:.0f}% of the training K-best searches certified: the gap "

@@ -30,6 +30,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 from structtorch.config import ModelConfig, TrainerConfig
 from structtorch.graph import Graph
 from structtorch.learners import LEARNERS, M3N, FixedTree, Independent, StructuredLearner
+from structtorch.solvers.certificate import rounding_tolerance
 from structtorch.structure.edge_scores import chow_liu_tree
 from structtorch.train import (
     UserError,
@@ -589,12 +590,17 @@ def test_independent_and_fixed_tree_are_the_configured_models():
 
 def test_the_console_says_whether_the_run_is_certified():
     base = {"model": "independent", "data": "emotions", "test/hamming_acc": 0.8}
-    certified = {"solver": "bcfw", "relative_gap": 4e-4, "converged": True, "tol": 1e-3, "epochs": 12}
+    certified = {"solver": "bcfw", "relative_gap": 4e-4, "converged": True, "tol": 1e-3, "epochs": 12,
+                 "rounding_tolerance": rounding_tolerance(torch.float64)}
     lines = format_metrics(base | {"solver": certified}).splitlines()
     assert lines[-1].startswith("duality gap") and lines[-1].endswith("12 epochs): certified")
     below_rounding = certified | {"relative_gap": -3e-7, "tol": 1e-9}  # a gap rounding cannot tell from 0
     assert format_metrics(base | {"solver": below_rounding}).endswith(
-        "certified to within rounding only (model.tol 1e-09 is below float64's rounding tolerance 1e-06)")
+        "certified to within rounding only (model.tol 1e-09 is below the solve's rounding tolerance 1e-06)")
+    in_float32 = certified | {"relative_gap": 5e-6, "tol": 1e-5, "rounding_tolerance": rounding_tolerance(
+        torch.float32)}  # a tol float64 resolves, float32 does not
+    assert format_metrics(base | {"solver": in_float32}).endswith(
+        "certified to within rounding only (model.tol 1e-05 is below the solve's rounding tolerance 0.00012)")
     open_grid = certified | {"relative_gap": [4e-4, 2e-2], "converged": [True, False]}
     assert "NOT certified (raise trainer.max_epochs" in format_metrics(base | {"solver": open_grid})
     searched = open_grid | {"inference": {"train": {"certified": 0.25, "mean_k": 32.0}}}

@@ -25,7 +25,9 @@ class GapInfo:
     """Duality gap of the current iterate, per model [M], in float64.
 
     primal P(w) (an upper bound on the objective), dual D(mu) (a lower bound on its optimum),
-    gap = P - D >= P(w) - P*, relative_gap = gap / max(|P|, tiny), converged = relative_gap <= tol.
+    gap = P - D >= P(w) - P*, relative_gap = gap / max(|P|, tiny), converged = relative_gap <= tol;
+    rounding_tolerance: the relative gap rounding can explain in the dtype the values were computed in (a tol below
+    it certifies only to within rounding).
     """
 
     primal: torch.Tensor
@@ -33,6 +35,7 @@ class GapInfo:
     gap: torch.Tensor
     relative_gap: torch.Tensor
     converged: torch.Tensor
+    rounding_tolerance: float
 
 
 def rounding_tolerance(dtype: torch.dtype) -> float:
@@ -66,4 +69,4 @@ def certificate(primal: torch.Tensor, dual: torch.Tensor, tol: float, solver: st
                                f"{float(dual[m]):.9g} (relative {float(rel[m]):.3g}, beyond the rounding tolerance "
                                f"{limit:.1g}); the primal is not an upper bound or the dual is out of step with "
                                f"the parameters, so this is not a certificate")
-    return GapInfo(primal=primal, dual=dual, gap=gap, relative_gap=rel, converged=rel <= tol)
+    return GapInfo(primal=primal, dual=dual, gap=gap, relative_gap=rel, converged=rel <= tol, rounding_tolerance=limit)

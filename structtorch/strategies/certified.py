@@ -60,7 +60,7 @@ class Certified(Strategy):
         info = self.certificate if self.certificate is not None else self.certify()
         report = {"solver": self.name, **{k: plain(getattr(info, k)) for k in ("primal", "dual", "gap",
                                                                              "relative_gap", "converged")}}
-        return report | {"tol": self.learner.hparams.tol}
+        return report | {"tol": self.learner.hparams.tol, "rounding_tolerance": info.rounding_tolerance}
 
     def certify(self) -> GapInfo:
         """The certificate of the current weights: the solver's last one while it is current, else a new one."""
