@@ -334,6 +334,20 @@ def test_mam_trains_its_trees_separately_and_averages_max_marginals(small, indep
         LEARNERS["mam"](small.num_features, small.num_labels, num_trees=0)
 
 
+def test_mam_trains_by_bcfw_to_the_optimum_lbfgs_certifies(small):
+    """MAM's trees are one forest over copies of the labels (``energy_labels``): BCFW's batches, its extra passes
+    over the training set and its start take those copies once (the extra passes copied them twice and crashed:
+    "y must have shape [*B, n=70], got (64, 700)"), and reach the objective L-BFGS certifies (same bias_reg)."""
+    fits = {}
+    for solver in ("bcfw", "lbfgs"):
+        model = LEARNERS["mam"](small.num_features, small.num_labels, num_trees=3, l2=1e-2, solver=solver,
+                                bias_reg=1.0, solver_iters=3, tol=1e-3)
+        trainer(epochs=100).fit(model, datamodule=small)
+        fits[solver] = model.solver_report()
+        assert fits[solver]["converged"], fits[solver]
+    assert fits["bcfw"]["primal"] == pytest.approx(fits["lbfgs"]["primal"], rel=2e-3)
+
+
 # ---------------------------------------------------------------------- the start at Independent's dual
 def product_expectations(q: torch.Tensor, y: torch.Tensor, graph: Graph, K: int, comp: torch.Tensor
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

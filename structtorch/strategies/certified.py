@@ -252,11 +252,10 @@ class BCFWStrategy(Certified):
                 for p, saved in zip(learner.energy.parameters(), loaded):
                     p.copy_(saved)
             return
-        labels = learner.energy_labels(self.y)
-        q = learner.dual_start(self.x, labels, lam, mask)
+        q = learner.dual_start(self.x, self.y, lam, mask)  # self.y: the labels as the energy holds them
         if q is not None:
             every = torch.arange(len(self.x), device=self.x.device).split(learner.certificate_rows)
-            mix = self.solver.start_at(((self.x[i], labels[i], i) for i in every), q)
+            mix = self.solver.start_at(((self.x[i], self.y[i], i) for i in every), q)
             self.start = {"mix": plain(mix), "dual": plain(self.solver.dual())}
 
     def epoch_start(self) -> None:
@@ -273,7 +272,7 @@ class BCFWStrategy(Certified):
         gathered = learner.trainer.world_size > 1  # every rank takes the same step, on the gathered batch
         x, y, index = (learner.all_gather(t).flatten(0, 1) if gathered else t for t in batch[:3])
         self.batch_rows = max(self.batch_rows, len(x))
-        info = self.bcfw_step(x, y, index)
+        info = self.bcfw_step(x, learner.energy_labels(y), index)
         tick(batch_idx + 1, learner.trainer.num_training_batches, "batches", self._pace)
         learner.log("train/loss", info.loss.sum(), prog_bar=True, on_step=False, on_epoch=True, reduce_fx="sum",
                     batch_size=len(x))
@@ -287,9 +286,10 @@ class BCFWStrategy(Certified):
         return True
 
     def bcfw_step(self, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor) -> StepInfo:
-        """One BCFW step on x [B, D], y [B, n], index [B], timed for the run's pace."""
+        """One BCFW step on x [B, D], labels [B, n'] as the energy holds them (``energy_labels``), index [B], timed
+        for the run's pace."""
         start = time.monotonic()
-        info = self.solver.step(x, self.learner.energy_labels(y), index)
+        info = self.solver.step(x, y, index)
         if self.warmed_up:  # the pace leaves out the run's first step (its warm-up: kernels, allocations)
             self.step_seconds += time.monotonic() - start
             self.step_rows += len(x)
