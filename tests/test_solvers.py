@@ -381,14 +381,16 @@ def test_smoothed_lbfgs_puts_back_its_best_certified_point():
     info = solver.restore_best()
     for p, q in zip(energy.parameters(), kept):
         assert torch.equal(p.detach(), q)
-    assert torch.equal(info.primal, good.primal) and torch.equal(info.dual, torch.maximum(good.dual, thrown.dual))
+    assert torch.equal(info.primal, good.primal) and bool((info.dual >= torch.maximum(good.dual, thrown.dual)).all())
     solver.run(5)
     assert bool((solver.certify().primal < good.primal).all())
 
 
-def test_an_uncertified_fit_ends_on_its_lowest_primal_against_its_highest_dual(monkeypatch):
-    """Every certificate's dual lower-bounds the optimum, so a fit stopped before its tolerance reports the lowest
-    primal it certified, at those parameters, against the highest dual it certified (never a negative gap)."""
+def test_an_uncertified_fit_ends_on_its_lowest_primal_against_the_best_mix_of_its_duals(monkeypatch):
+    """Every certificate's marginals are a dual point, and so is any convex combination of them (D is concave), so a
+    fit stopped before its tolerance reports the lowest primal it certified, at those parameters, against the best
+    combination of its certificates' dual points (``mix_dual``): at least the highest single dual, here above it,
+    and still below the optimum (never a negative gap)."""
     from structtorch.solvers.smoothing import SmoothedHinge
 
     seen, original = [], SmoothedHinge.certify
@@ -397,10 +399,11 @@ def test_an_uncertified_fit_ends_on_its_lowest_primal_against_its_highest_dual(m
     energy = LinearTableEnergy(6, 5, 3, Graph.chain(5), input_dependent_pairwise=True).double()
     info = SmoothedLBFGS(energy, x, y, 0.01, tol=1e-12).fit(max_iter=60, check_every=4)
     primals, duals = [float(s.primal) for s in seen], [float(s.dual) for s in seen]
-    assert not bool(info.converged) and float(info.primal) == min(primals) and float(info.dual) == max(duals)
+    assert not bool(info.converged) and float(info.primal) == min(primals)
+    assert float(info.dual) > max(duals) + 1e-3 * (min(primals) - max(duals)), (float(info.dual), max(duals))
     assert float(SmoothedLBFGS(energy, x, y, 0.01).certify().primal) == pytest.approx(min(primals), rel=1e-12)
     optimum = SmoothedLBFGS(energy, x, y, 0.01, tol=1e-4).fit(max_iter=20000)
-    assert bool(optimum.converged) and max(duals) <= float(optimum.primal) * (1 + 1e-9)
+    assert bool(optimum.converged) and float(info.dual) <= float(optimum.primal) * (1 + 1e-9)
     assert duals.index(max(duals)) < len(duals) - 1  # here the last dual is not the highest (a lower temperature)
 
 

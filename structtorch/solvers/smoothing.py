@@ -254,6 +254,7 @@ class SmoothedHinge:
         self.eps = torch.full_like(self.lam, float(eps) if self.fixed_eps else float(margin_scale))  # [M]
         self.last: GapInfo | None = None
         self.smoothing: torch.Tensor | None = None  # eps/N sum_i H(mu_i) [M] at the last certificate
+        self.dual_point: DualPoint | None = None  # the last certificate's
         self.evaluated = torch.ones_like(self.lam, dtype=torch.bool)  # models whose objective is computed
 
     # ------------------------------------------------------------------ objective
@@ -331,12 +332,16 @@ class SmoothedHinge:
             grads = g if grads is None else [a if b is None else a + b for a, b in zip(grads, g)]
             data, dual_lin, entropy = data + d, dual_lin + lin, entropy + h
         with torch.no_grad():
-            w_mu = self._per_model([g.pow(2) / r for g, r in zip(grads, self._reg_weight) if g is not None])
+            self.dual_point = DualPoint(dual_lin, list(grads))
             primal = self.regularizer() + data
-            dual = dual_lin - 0.5 * self.lam * w_mu
-            self.last = certificate(primal, dual, self.tol, "lbfgs", primal.dtype)
+            self.last = certificate(primal, self.dual_value(self.dual_point), self.tol, "lbfgs", primal.dtype)
             self.smoothing = entropy
         return self.last
+
+    def dual_value(self, point: DualPoint) -> torch.Tensor:
+        """D(mu) [M] of a dual point: its linear term less lambda/2 |w(mu)|_R^2."""
+        return point.linear - 0.5 * self.lam * self._per_model(
+            [w.pow(2) / r for w, r in zip(point.w, self._reg_weight) if w is not None])
 
     def _certify_chunk(self, rows: slice) -> tuple[list[torch.Tensor | None], torch.Tensor, torch.Tensor,
                                                    torch.Tensor]:
@@ -372,6 +377,16 @@ class SmoothedHinge:
 
 
 @dataclass
+class DualPoint:
+    """What the dual D(mu) of a certificate's marginals mu needs, both linear in mu: the linear term [M] (the margin
+    (1/N) sum_i <Delta, mu_i>, plus eps H(mu_i) at a fixed eps, concave in mu) and w(mu) = (1/(lambda N)) sum_i
+    (phi(y_i) - E_mu_i phi), in the metric of the regulariser, per parameter (None: a parameter without data term)."""
+
+    linear: torch.Tensor
+    w: list[torch.Tensor | None]
+
+
+@dataclass
 class BestPoint:
     """The lowest primal [M] certified so far with its parameters [M, P], and the highest dual [M] (float64)."""
 
@@ -402,6 +417,7 @@ class SmoothedLBFGS(SmoothedHinge):
         self.until: int | None = None  # the iteration cap of the running ``fit`` (progress lines)
         self.opt = BatchedLBFGS(self.params, self.objective, self.num_models, history_size)
         self.best: BestPoint | None = None  # the lowest primal certified so far, and the highest dual
+        self.mixed: DualPoint | None = None  # the best combination of the certificates' dual points (``mix_dual``)
         self.moved = False  # parameters restored since the optimizer's last evaluation
 
     def run(self, iterations: int) -> None:
@@ -428,20 +444,48 @@ class SmoothedLBFGS(SmoothedHinge):
             self.write_back()
 
     def certify(self) -> GapInfo:
-        """The duality gap [M] of the current parameters against the highest dual of every certificate so far (each
-        D(mu) is a lower bound on the optimum, whatever the parameters are now); lowers eps (continuation) where
-        this certificate's own gap is within twice the smoothing term. Sets ``self.last`` and ``self.best``."""
+        """The duality gap [M] of the current parameters against the dual of the best combination of every
+        certificate's dual point so far (``mix_dual``: each is a lower bound on the optimum, whatever the parameters
+        are now); lowers eps (continuation) where this certificate's own gap is within twice the smoothing term.
+        Sets ``self.last`` and ``self.best``."""
         info = super().certify()
         open_ = ~info.converged.to(self.eps.device)
         if not self.fixed_eps and bool(open_.any()):
             self._lower_eps(info.gap.to(self.eps), info.primal.to(self.eps), self.smoothing, open_)
         with torch.no_grad():
+            mixed = self.mix_dual(self.dual_point).to(info.dual)
             if self.best is None:
-                self.best = BestPoint(info.primal, info.dual, self.opt.slices.flat().clone())
+                self.best = BestPoint(info.primal, mixed, self.opt.slices.flat().clone())
             else:
                 self.best.update(info, self.opt.slices.flat())
+                self.best.dual = torch.maximum(self.best.dual, mixed)
         self.last = certificate(info.primal, self.best.dual, self.tol, "lbfgs", self.params[0].dtype)
         return self.last
+
+    def mix_dual(self, new: DualPoint) -> torch.Tensor:
+        """Move ``self.mixed`` to (1 - gamma) mixed + gamma ``new``, gamma in [0, 1] per model by exact line search,
+        and return its D [M] (>= both ends'). D is concave in mu (a linear term less a quadratic in w(mu), both linear
+        in mu) and the marginal polytope is convex, so the combination is a dual point too (at a fixed eps the
+        mixed linear term under-counts the concave entropy: still a lower bound). The duals of single certificates
+        stall where the iterates oscillate at a low temperature: MAM on birds held D at 6.880 for 1000
+        iterations (P 6.954); mixed, D rose to 6.943 in as many."""
+        if self.mixed is None:
+            self.mixed = new
+            return self.dual_value(new)
+        old, lam = self.mixed, self.lam
+        step = [None if b is None else b - a for a, b in zip(old.w, new.w)]
+        terms = [(a, d, r) for a, d, r in zip(old.w, step, self._reg_weight) if d is not None]
+        curvature = lam * self._per_model([d.pow(2) / r for _, d, r in terms])  # -D'' along the segment
+        slope = new.linear - old.linear - lam * self._per_model([a * d / r for a, d, r in terms])  # D'(0)
+        gamma = (slope / curvature.clamp_min(torch.finfo(lam.dtype).tiny)).clamp(0.0, 1.0)
+        gamma = torch.where(curvature > 0, gamma, (slope > 0).to(gamma))
+        along = [None if d is None else a + self._per_parameter(gamma, a) * d for a, d in zip(old.w, step)]
+        self.mixed = DualPoint(old.linear + gamma * (new.linear - old.linear), along)
+        return self.dual_value(self.mixed)
+
+    def _per_parameter(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """Per-model values [M] shaped to broadcast against a parameter-shaped tensor ``like``."""
+        return t.reshape(()) if self.num_models is None else t.reshape(-1, *[1] * (like.dim() - 1))
 
     def start_near_optimum(self, objective: torch.Tensor) -> None:
         """For parameters that start near the optimum, whose objective is about ``objective`` [M] (a warm start):
