@@ -388,7 +388,8 @@ class DualPoint:
 
 @dataclass
 class BestPoint:
-    """The lowest primal [M] certified so far with its parameters [M, P], and the highest dual [M] (float64)."""
+    """The lowest primal [M] certified so far with its parameters [M, P], and the highest dual [M] (float64): that of
+    the certificates' mixed dual point (``SmoothedLBFGS.mix_dual``), which is at least every single one's."""
 
     primal: torch.Tensor
     dual: torch.Tensor
