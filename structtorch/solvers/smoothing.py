@@ -339,8 +339,8 @@ class SmoothedHinge:
         return self.last
 
     def dual_value(self, point: DualPoint) -> torch.Tensor:
-        """D(mu) [M] of a dual point: its linear term less lambda/2 |w(mu)|_R^2."""
-        return point.linear - 0.5 * self.lam * self._per_model(
+        """D(mu) [M] of a dual point: its linear term less lambda/2 |w(mu)|_R^2 (in the point's dtype)."""
+        return point.linear - 0.5 * self.lam.to(point.linear) * self._per_model(
             [w.pow(2) / r for w, r in zip(point.w, self._reg_weight) if w is not None])
 
     def _certify_chunk(self, rows: slice) -> tuple[list[torch.Tensor | None], torch.Tensor, torch.Tensor,
@@ -369,8 +369,8 @@ class SmoothedHinge:
             return list(grads), self._sum(data, rows), self._sum(dual_lin, rows), self._sum(entropy, rows)
 
     def _per_model(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """sum over each model's coordinates [M] of tensors with (or without) a leading [M] dim."""
-        out = torch.zeros_like(self.lam)
+        """sum over each model's coordinates [M] of tensors with (or without) a leading [M] dim (in their dtype)."""
+        out = torch.zeros_like(self.lam, dtype=tensors[0].dtype if tensors else None)
         for t in tensors:
             out += t.sum().reshape(1) if self.num_models is None else t.reshape(t.shape[0], -1).sum(1)
         return out
@@ -469,16 +469,18 @@ class SmoothedLBFGS(SmoothedHinge):
         in mu) and the marginal polytope is convex, so the combination is a dual point too (at a fixed eps the
         mixed linear term under-counts the concave entropy: still a lower bound). The duals of single certificates
         stall where the iterates oscillate at a low temperature: MAM on birds held D at 6.880 for 1000
-        iterations (P 6.954); mixed, D rose to 6.943 in as many."""
+        iterations (P 6.954); mixed, D rose to 6.943 in as many. Kept in float64 (rounding must not drift the
+        combination over thousands of certificates of a float32 solve)."""
+        new = DualPoint(new.linear.double(), [None if w is None else w.double() for w in new.w])
         if self.mixed is None:
             self.mixed = new
             return self.dual_value(new)
-        old, lam = self.mixed, self.lam
+        old, lam = self.mixed, self.lam.double()
         step = [None if b is None else b - a for a, b in zip(old.w, new.w)]
         terms = [(a, d, r) for a, d, r in zip(old.w, step, self._reg_weight) if d is not None]
         curvature = lam * self._per_model([d.pow(2) / r for _, d, r in terms])  # -D'' along the segment
         slope = new.linear - old.linear - lam * self._per_model([a * d / r for a, d, r in terms])  # D'(0)
-        gamma = (slope / curvature.clamp_min(torch.finfo(lam.dtype).tiny)).clamp(0.0, 1.0)
+        gamma = (slope / curvature.clamp_min(torch.finfo(torch.float64).tiny)).clamp(0.0, 1.0)
         gamma = torch.where(curvature > 0, gamma, (slope > 0).to(gamma))
         along = [None if d is None else a + self._per_parameter(gamma, a) * d for a, d in zip(old.w, step)]
         self.mixed = DualPoint(old.linear + gamma * (new.linear - old.linear), along)
