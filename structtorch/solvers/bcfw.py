@@ -315,7 +315,7 @@ class BCFW:
         c = torch.where(self.active, k / (k + 2), 1.0)  # [M]; 0 at the first step: avg = iterate
         with torch.no_grad():
             for p, a in zip(self.params, self.iterate):
-                a.mul_(self._per_param(c, a)).add_(self._per_param(1 - c, p) * p)
+                a.mul_(per_param(c, a, self.num_models)).add_(per_param(1 - c, p, self.num_models) * p)
             for avg, nu in ((self.avg_unary, self.nu_unary), (self.avg_pair, self.nu_pair), (self.avg_ell, self.ell)):
                 view = c.view(1, -1, *([1] * (nu.dim() - 2)))
                 avg.mul_(view).add_((1 - view) * nu)
@@ -365,7 +365,7 @@ class BCFW:
             for state in (self.nu_unary, self.nu_pair, self.ell):
                 state.mul_(c.view(1, -1, *([1] * (state.dim() - 2))))
             for p, a, bs in zip(self.params, acc, self._bias_scale):
-                p.copy_(self._per_param(c, p) * bs * a)
+                p.copy_(per_param(c, p, self.num_models) * bs * a)
             self.lin = c.to(f64) * lin
             if self.averaging:
                 self.avg_unary, self.avg_pair, self.avg_ell = (t.clone() for t in (self.nu_unary, self.nu_pair,
@@ -447,7 +447,7 @@ class BCFW:
             t = torch.where(curv > 0, torch.minimum(G / curv.clamp_min(tiny), tmax), tmax)
             t = torch.where((G > 0) & self.active, t, 0.0)
             for p, g, bs in zip(self.params, grads, self._bias_scale):
-                p.sub_(self._per_param(t, p) * bs * g)
+                p.sub_(per_param(t, p, self.num_models) * bs * g)
             self.nu_unary[index] -= (t[:, None, None, None] * gd_u).movedim(1, 0)
             self.nu_pair[index] -= (t[:, None, None, None, None] * gd_p).movedim(1, 0)
             self.ell[index] += (t[:, None, None] * gamma * d_ell).movedim(1, 0)
@@ -638,9 +638,6 @@ class BCFW:
                 out += t.pow(2).flatten(1).sum(1) if t.dim() > 1 else t.pow(2)
         return out
 
-    def _per_param(self, t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-        """Per-model step t [M] shaped to broadcast against parameter p."""
-        return t[0] if self.num_models is None else t.view(-1, *([1] * (p.dim() - 1)))
 
 
 def lift_models(pot: Potentials, num_models: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -702,3 +699,8 @@ def check_mask(mask: torch.Tensor | None, M: int, N: int, device: torch.device) 
     if not bool(mask.any(1).all()):
         raise ValueError("every model needs at least one training example in mask")
     return mask.to(device)
+
+
+def per_param(t: torch.Tensor, p: torch.Tensor, num_models: int | None) -> torch.Tensor:
+    """Per-model values t [M] shaped to broadcast against a parameter-shaped tensor p (a scalar without models)."""
+    return t.reshape(()) if num_models is None else t.view(-1, *([1] * (p.dim() - 1)))

@@ -42,7 +42,7 @@ from ..potentials import Potentials
 from ..progress import OutOfTime, out_of_time, tick
 from ..structure.circuit_rank import circuit_rank
 from ..structure.spanning import max_spanning_tree
-from .bcfw import check_lam, check_mask, lift_models
+from .bcfw import check_lam, check_mask, lift_models, per_param
 from .certificate import GapInfo, certificate
 
 __all__ = ["ForestSmoothedMax", "LPSmoothedMax", "SmoothedHinge", "SmoothedLBFGS", "SmoothedMax",
@@ -395,12 +395,12 @@ class BestPoint:
     dual: torch.Tensor
     params: torch.Tensor
 
-    def update(self, info: GapInfo, params: torch.Tensor) -> None:
-        """Take a certificate ``info`` of parameters [M, P]."""
-        better = info.primal < self.primal
+    def update(self, primal: torch.Tensor, dual: torch.Tensor, params: torch.Tensor) -> None:
+        """Take a certificate's primal [M] of parameters [M, P] and a dual [M]."""
+        better = primal < self.primal
         self.params = torch.where(better.to(params.device)[:, None], params, self.params)
-        self.primal = torch.minimum(info.primal, self.primal)
-        self.dual = torch.maximum(info.dual, self.dual)
+        self.primal = torch.minimum(primal, self.primal)
+        self.dual = torch.maximum(dual, self.dual)
 
 
 class SmoothedLBFGS(SmoothedHinge):
@@ -458,8 +458,7 @@ class SmoothedLBFGS(SmoothedHinge):
             if self.best is None:
                 self.best = BestPoint(info.primal, mixed, self.opt.slices.flat().clone())
             else:
-                self.best.update(info, self.opt.slices.flat())
-                self.best.dual = torch.maximum(self.best.dual, mixed)
+                self.best.update(info.primal, mixed, self.opt.slices.flat())
         self.last = certificate(info.primal, self.best.dual, self.tol, "lbfgs", self.params[0].dtype)
         return self.last
 
@@ -482,13 +481,9 @@ class SmoothedLBFGS(SmoothedHinge):
         slope = new.linear - old.linear - lam * self._per_model([a * d / r for a, d, r in terms])  # D'(0)
         gamma = (slope / curvature.clamp_min(torch.finfo(torch.float64).tiny)).clamp(0.0, 1.0)
         gamma = torch.where(curvature > 0, gamma, (slope > 0).to(gamma))
-        along = [None if d is None else a + self._per_parameter(gamma, a) * d for a, d in zip(old.w, step)]
+        along = [None if d is None else a + per_param(gamma, a, self.num_models) * d for a, d in zip(old.w, step)]
         self.mixed = DualPoint(old.linear + gamma * (new.linear - old.linear), along)
         return self.dual_value(self.mixed)
-
-    def _per_parameter(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """Per-model values [M] shaped to broadcast against a parameter-shaped tensor ``like``."""
-        return t.reshape(()) if self.num_models is None else t.reshape(-1, *[1] * (like.dim() - 1))
 
     def start_near_optimum(self, objective: torch.Tensor) -> None:
         """For parameters that start near the optimum, whose objective is about ``objective`` [M] (a warm start):
