@@ -21,6 +21,10 @@ the batch size and k runs (both exact, as in ``tree.py``).
 Excluding one assignment y_hat (RTA's worst-violator search) takes the k + 1 best and drops y_hat
 where it is among them (else the (k + 1)-th): the k best of the others either way.
 
+``ensemble_map``'s answers that Lemma 7 leaves uncertified at k_max are then polished by single-label
+changes on the union graph (``_polish``, iterated conditional modes): the answer only scores higher, so
+the certificate and the upper bound stay sound.
+
 Rows are gathered with ``index_select`` and written with ``index_copy_`` rather than advanced
 indexing, which opens an OpenMP parallel region from 3000 elements (see ``tree.py``: such
 regions cost milliseconds on a busy machine with more than one torch thread).
@@ -384,6 +388,8 @@ def ensemble_search(pot: Potentials, k: int, k_max: int | None = None, exclude: 
         if len(todo) == 0 or k >= k_max:
             break
         k = min(2 * k, k_max)
+    if len(todo):  # uncertified at k_max: their winners polished (answers that only score higher)
+        _polish_rows(Potentials(u, p, pot.graph), todo, y, score, ex)
     certified = score >= bound
     return EnsembleSearch(y.reshape(*batch, n), score.reshape(batch), torch.maximum(score, bound).reshape(batch),
                           certified.reshape(batch), k_used.reshape(batch))
@@ -449,6 +455,54 @@ def _ensemble_candidates(pot: Potentials, k: int, exclude: torch.Tensor | None
         other[:, 0] = (other[:, 0] + 1) % pot.num_states
         y = torch.where(((y == exclude).all(-1) & torch.isneginf(best))[:, None], other, y)
     return y, best, bound
+
+
+def _polish_rows(pot: Potentials, rows: torch.Tensor, y: torch.Tensor, score: torch.Tensor,
+                 exclude: torch.Tensor | None) -> None:
+    """Replace y [B, n] and its mean tree score [B] at ``rows`` by ``_polish``'s answer where that scores higher
+    (in place); pot: batch-[B] ensemble potentials, exclude [B, n] or None."""
+    sub = Potentials(pot.unary.index_select(0, rows), pot.pairwise.index_select(0, rows), pot.graph)
+    ex = None if exclude is None else exclude.index_select(0, rows)
+    polished = _polish(ensemble_union(sub), y.index_select(0, rows), ex)
+    value = _own_tree_scores(sub, polished[:, None].expand(-1, pot.graph.num_graphs, -1)).mean(-1)
+    better = value > score.index_select(0, rows)
+    if ex is not None:  # where only exclude is possible, the answer stays the other assignment it has
+        better &= (polished != ex).any(-1)
+    y.index_copy_(0, rows[better], polished[better])
+    score.index_copy_(0, rows[better], value[better])
+
+
+def _polish(union: Potentials, y: torch.Tensor, exclude: torch.Tensor | None) -> torch.Tensor:
+    """Iterated conditional modes on the ensemble's union graph: from y [B, n], change the one label (to the
+    state) that raises the mean tree score most, while one does (at most n changes; never to ``exclude``).
+    The K-best lists hold each tree's own best assignments; where the trees disagree (hundreds of labels) their
+    union can miss assignments that single changes of its winner reach (measured at delicious' 983 labels: +37
+    on a K-best winner's mean score). A candidate is only replaced by a better one, so Lemma 7 stays sound."""
+    u, p = union.expanded()  # [B, n, K], [B, U, K, K]
+    e = union.graph.edges.to(y.device)
+    n, K, U = u.shape[-2], u.shape[-1], len(e)
+    y, todo = y.clone(), torch.arange(len(y), device=y.device)  # todo: the rows still improving
+    for _ in range(n):
+        yt, ut, pt = y.index_select(0, todo), u.index_select(0, todo), p.index_select(0, todo)
+        b = len(todo)
+        to_i = pt.gather(-1, yt[:, e[:, 1], None, None].expand(b, U, K, 1)).squeeze(-1)  # p[e, :, y_j]
+        to_j = pt.gather(-2, yt[:, e[:, 0], None, None].expand(b, U, 1, K)).squeeze(-2)  # p[e, y_i, :]
+        local = ut.index_add(1, e[:, 0], to_i).index_add(1, e[:, 1], to_j)  # [b, n, K]: score terms of y_l = a
+        gain = (local - local.gather(-1, yt[..., None])).nan_to_num(nan=_NEG)
+        gain = gain.scatter(-1, yt[..., None], _NEG)  # a change, not the state y already has
+        if exclude is not None:  # the one change that would give exclude: only where y differs from it once
+            ext = exclude.index_select(0, todo)
+            differs = yt != ext
+            once = (differs.sum(-1) == 1).nonzero().squeeze(-1)
+            label = differs.long().argmax(-1).index_select(0, once)
+            gain[once, label, ext[once, label]] = _NEG
+        value, flat = gain.flatten(1).max(-1)
+        step = value > 0
+        todo, flat = todo[step], flat[step]
+        if len(todo) == 0:
+            break
+        y[todo, flat // K] = flat % K
+    return y
 
 
 def _rank_scores(union: Potentials, cand: torch.Tensor) -> torch.Tensor:
