@@ -472,7 +472,8 @@ def _polish_rows(pot: Potentials, rows: torch.Tensor, y: torch.Tensor, score: to
     score.index_copy_(0, rows[better], value[better])
 
 
-def _polish(union: Potentials, y: torch.Tensor, exclude: torch.Tensor | None) -> torch.Tensor:
+def _polish(union: Potentials, y: torch.Tensor, exclude: torch.Tensor | None, incremental: bool | None = None
+            ) -> torch.Tensor:
     """Iterated conditional modes on the ensemble's union graph: from y [B, n], change the one label (to the
     state) that raises the mean tree score most, while one does (at most n changes; never to ``exclude``).
     The K-best lists hold each tree's own best assignments; where the trees disagree (hundreds of labels) their
@@ -480,12 +481,13 @@ def _polish(union: Potentials, y: torch.Tensor, exclude: torch.Tensor | None) ->
     on a K-best winner's mean score). A candidate is only replaced by a better one, so Lemma 7 stays sound.
 
     local [B, n, K], each label's score terms for each of its states given the others, is computed once; a change
-    of label l then updates only l's neighbours (O(degree K)), unless a pairwise table holds -inf (then it is
-    recomputed, as -inf - -inf has no value)."""
+    of label l then updates only l's neighbours (O(degree K)); ``incremental=False`` (the default, None, where a
+    pairwise table holds -inf, as -inf - -inf has no value) recomputes it after every change instead."""
     u, p = union.expanded()  # [B, n, K], [B, U, K, K]
     e = union.graph.edges.to(y.device)
     B, n, K = u.shape
-    incremental = not bool(torch.isneginf(p).any())
+    if incremental is None:
+        incremental = not bool(torch.isneginf(p).any())
     if incremental:
         inc, side, other = _incidence(union.graph, y.device)  # [n, d]: edge (U: none), l its 2nd end, neighbour
         p = torch.cat([p, p.new_zeros(B, 1, K, K)], 1)  # edge U: zeros, the padding
@@ -510,14 +512,19 @@ def _polish(union: Potentials, y: torch.Tensor, exclude: torch.Tensor | None) ->
             local = _local_scores(u, p, e, y)
             continue
         edges, second, nb = inc[label], side[label], other[label]  # [b, d]
-        table = p[step[:, None], edges]  # [b, d, K, K]
-        as_first = table[torch.arange(len(step))[:, None], torch.arange(edges.shape[1]), new[:, None]] - \
-            table[torch.arange(len(step))[:, None], torch.arange(edges.shape[1]), old[:, None]]  # rows: [b, d, K]
-        as_second = (table.gather(-1, new[:, None, None, None].expand(-1, edges.shape[1], K, 1)) -
-                     table.gather(-1, old[:, None, None, None].expand(-1, edges.shape[1], K, 1))).squeeze(-1)
-        delta = torch.where(second[..., None], as_second, as_first)  # the neighbour's terms for each of its states
+        table = p[step[:, None], edges]  # [b, d, K, K]: the changed label's edges
+        as_first = _table_slice(table, new, -2) - _table_slice(table, old, -2)  # l = i: row y_l of each table
+        as_second = _table_slice(table, new, -1) - _table_slice(table, old, -1)  # l = j: column y_l
+        delta = torch.where(second[..., None], as_second, as_first)  # [b, d, K]: the neighbours' terms, each state
         local.index_put_((step[:, None].expand_as(nb), nb), delta, accumulate=True)
     return y
+
+
+def _table_slice(table: torch.Tensor, state: torch.Tensor, dim: int) -> torch.Tensor:
+    """Row (dim=-2) or column (dim=-1) ``state`` [b] of each pairwise table [b, d, K, K]: [b, d, K]."""
+    b, d, K = table.shape[:3]
+    index = state.view(b, 1, 1, 1).expand(b, d, *((1, K) if dim == -2 else (K, 1)))
+    return table.gather(dim, index).squeeze(dim)
 
 
 def _local_scores(u: torch.Tensor, p: torch.Tensor, e: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

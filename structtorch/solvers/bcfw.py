@@ -639,7 +639,6 @@ class BCFW:
         return out
 
 
-
 def lift_models(pot: Potentials, num_models: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """unary [M, B, n, K], pairwise [M, B or 1, E, K, K] with an explicit model dim (M = 1 when num_models
     is None) from the potentials of an energy with ``num_models``. Ensembles of T trees score the mean over
