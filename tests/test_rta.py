@@ -20,9 +20,11 @@ from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy, TreeEn
 from structtorch.inference import ensemble_map, tree_kbest
 from structtorch.inference.kbest import ensemble_union
 from structtorch.learners import LEARNERS, RTA
+from structtorch.learners.base import StructuredLearner
 from structtorch.learners.rta import HAMMING_MAX_LABELS
 from structtorch.solvers import (
     BCFW,
+    DualCD,
     EnsembleOracle,
     independent_duals,
     independent_svms,
@@ -461,6 +463,30 @@ def test_auto_normalize_chooses_the_feature_map_independent_does_better_with(kin
     again.load_state_dict(model.state_dict())
     assert again.energy.feature_map == kind
     torch.testing.assert_close(again.energy.features(x), model.energy.features(x))
+
+
+def test_rta_set_up_fits_stop_at_start_epochs(monkeypatch):
+    """choose_feature_map's two CV fits and dual_start's fit run at most ``start_epochs`` DCD epochs: their C grows
+    with the labels (about 1.6 n / T), and so did the set-up's time, as n^2, without the cap. Here 40 labels, whose
+    fits need more than the 10 epochs the cap is set to (none of the three ends certified)."""
+    calls = []
+    fit = DualCD.fit
+
+    def spy(self, max_epochs=1000, check_every=5):
+        info = fit(self, max_epochs, check_every)
+        calls.append((max_epochs, self.epochs, bool(info.converged.all())))
+        return info
+
+    monkeypatch.setattr(DualCD, "fit", spy)
+    x, y = sparse_multilabel(300, num_features=300, num_labels=40, seed=0)
+    x = (x - x.mean(0)) / x.std(0).clamp_min(1e-6)
+    model = RTA(x.shape[1], y.shape[1], num_trees=3)
+    assert model.start_epochs < 1000 == StructuredLearner.start_epochs
+    model.start_epochs = 10
+    model.resolve_l2(len(x))
+    model.choose_feature_map(x, y)
+    model.dual_start(x, y, model.l2_grid[0], None)
+    assert [(m, e, c) for m, e, c in calls] == [(10, 10, False)] * 3
 
 
 def test_feature_maps_scale_rows_as_documented():

@@ -103,6 +103,8 @@ class StructuredLearner(L.LightningModule):
     auto_l2: float = 100.0
     #: model.l2=auto never regularises more than this (None: no cap)
     max_auto_l2: float | None = None
+    #: DCD epochs at most in the start from Independent's solution (``independent_solution``)
+    start_epochs: int = 1000
 
     def __init__(
         self,
@@ -222,7 +224,8 @@ class StructuredLearner(L.LightningModule):
         if not self.hparams.get("independent_start", False):
             return None
         with phase("start at Independent's solution"), budget_share(START_SHARE):
-            return (independent_duals if duals else independent_svms)(x, y, lam, mask, bias_reg=self.bias_reg)
+            return (independent_duals if duals else independent_svms)(x, y, lam, mask, bias_reg=self.bias_reg,
+                                                                      max_epochs=self.start_epochs)
 
     def dual_start(self, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None
                    ) -> torch.Tensor | None:

@@ -93,6 +93,12 @@ class RTA(StructuredLearner):
         hinge by gradient steps.
     """
 
+    #: the start's and ``choose_feature_map``'s DCD epochs at most: at lambda n T / 4 with model.l2=auto their C is
+    #: about 1.6 n / T, and DCD's epochs to a given gap grow with C (delicious' top labels, 2,000 rows, 1% gap: 45
+    #: epochs at 32 labels, 90 at 64, 175 at 128, 350 at 256, 655 at 512), so without a cap the set-up grew as n^2
+    #: (bench_scale, 512 labels: 168 s of a 269 s cell). Up to about 64 labels the fits end by their tolerance first.
+    start_epochs = 100
+
     @property
     def auto_l2(self) -> float:
         """model.l2=auto: lambda = 2.5 / ((n-1)^2 N), 0.1 / N up to 6 labels. Unit-norm joint features spread
@@ -159,7 +165,8 @@ class RTA(StructuredLearner):
                 energy.set_feature_map(name, x if name == "global" else None)  # the rms norm only where used
                 phi = energy.features(x.to(torch.float64))
                 with budget_share(START_SHARE / 2):  # about the same time for each
-                    fitted = independent_svms(phi, y, lam, masks, bias_reg=self.bias_reg, tol=0.05)
+                    fitted = independent_svms(phi, y, lam, masks, bias_reg=self.bias_reg, tol=0.05,
+                                              max_epochs=self.start_epochs)
                 if fitted is None:
                     energy.set_feature_map("row")
                     return None

@@ -156,17 +156,18 @@ class DualCD:
 
 
 def independent_svms(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None = None,
-                     bias_reg: float = 1.0, tol: float = 1e-2
+                     bias_reg: float = 1.0, tol: float = 1e-2, max_epochs: int = 1000
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """Independent's solution, one linear SVM per label (``DualCD``), to a relative gap ``tol`` or the end of the
-    running time budget: the starting point of a structured learner's fit, at that learner's ``bias_reg`` (at
-    bibtex's shape, rho = 1 instead of the L-BFGS learners' 1e-4 made the biases' penalty 98% of the objective).
+    """Independent's solution, one linear SVM per label (``DualCD``), to a relative gap ``tol``, ``max_epochs`` DCD
+    epochs or the end of the running time budget: the starting point of a structured learner's fit, at that
+    learner's ``bias_reg`` (at bibtex's shape, rho = 1 instead of the L-BFGS learners' 1e-4 made the biases' penalty
+    98% of the objective).
 
     x [N, D], y [N, n] (0/1), lam float or [M], mask [M, N] (or None), bias_reg rho > 0. Returns weight [M, n, D],
     bias [M, n] (M = 1 for a float lam) and their objective [M] on x's device and dtype, or None where the fused
     kernel cannot be built (no C++ compiler).
     """
-    fitted = _fit_independent(x, y, lam, mask, bias_reg, tol)
+    fitted = _fit_independent(x, y, lam, mask, bias_reg, tol, max_epochs)
     if fitted is None:
         return None
     solver, primal = fitted
@@ -174,11 +175,11 @@ def independent_svms(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor
 
 
 def independent_duals(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None = None,
-                      bias_reg: float = 1.0, tol: float = 1e-2) -> torch.Tensor | None:
+                      bias_reg: float = 1.0, tol: float = 1e-2, max_epochs: int = 1000) -> torch.Tensor | None:
     """The dual of Independent's solution (``independent_svms``, same arguments) as fractions of their bound,
     alpha / C in [0, 1]: [M, N, n] on x's device and dtype (0 on the rows a model does not train on; 1: a margin
     violator), or None where the fused kernel cannot be built."""
-    fitted = _fit_independent(x, y, lam, mask, bias_reg, tol)
+    fitted = _fit_independent(x, y, lam, mask, bias_reg, tol, max_epochs)
     if fitted is None:
         return None
     solver = fitted[0]
@@ -187,9 +188,9 @@ def independent_duals(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tenso
 
 
 def _fit_independent(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None,
-                     bias_reg: float, tol: float) -> tuple[DualCD, torch.Tensor] | None:
-    """A ``DualCD`` on Independent's problem fitted to ``tol`` (or the budget's end) and its primal [M]; None (with a
-    warning) where the fused kernel cannot be built."""
+                     bias_reg: float, tol: float, max_epochs: int) -> tuple[DualCD, torch.Tensor] | None:
+    """A ``DualCD`` on Independent's problem fitted to ``tol``, ``max_epochs`` (or the budget's end) and its primal
+    [M]; None (with a warning) where the fused kernel cannot be built."""
     n, M = y.shape[1], torch.as_tensor(lam).numel()
     energy = FinleyJoachimsEnergy(x.shape[1], n, Graph.empty(n), num_models=M)
     try:
@@ -198,7 +199,7 @@ def _fit_independent(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor
     except RuntimeError as err:  # the kernel could not be built: the eager passes work, without this start
         log.warning("no start from Independent's solution: %s", err)
         return None
-    return solver, solver.fit().primal
+    return solver, solver.fit(max_epochs).primal
 
 
 def _kernel():
