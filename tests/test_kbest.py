@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
 from structtorch import Graph, Potentials
-from structtorch.inference import brute_force_kbest, brute_force_map, ensemble_map, tree_kbest
+from structtorch.inference import brute_force_kbest, brute_force_map, ensemble_map, kbest, tree_kbest
 from structtorch.inference.exact import all_assignments
+from structtorch.structure import random_spanning_trees
 
 NEG_INF = float("-inf")
 TOL = dict(rtol=1e-9, atol=1e-9)
@@ -420,8 +421,6 @@ def test_polish_updates_only_the_changed_labels_neighbours_as_a_full_recompute_w
     """``_polish`` keeps each label's local scores and updates the changed label's neighbours only; on random
     30-label ensembles (finite tables, K = 2 and 3, with and without exclude) it makes the same changes as
     recomputing every local score after each change (``incremental=False``, what -inf tables take)."""
-    from structtorch.inference import kbest
-    from structtorch.structure import random_spanning_trees
     for trial in range(6):
         n, T, B, K = 30, 5, 8, 2 + trial % 2
         gen = torch.Generator().manual_seed(trial)

@@ -31,6 +31,7 @@ from structtorch.solvers import (
     one_hot_marginals,
     tree_oracle,
 )
+from structtorch.solvers.dcd import MAX_EPOCHS
 from structtorch.structure import random_spanning_trees
 
 pytestmark = [pytest.mark.usefixtures("quiet_single_thread"),
@@ -472,7 +473,7 @@ def test_rta_set_up_fits_stop_at_start_epochs(monkeypatch):
     calls = []
     fit = DualCD.fit
 
-    def spy(self, max_epochs=1000, check_every=5):
+    def spy(self, max_epochs=MAX_EPOCHS, check_every=5):
         info = fit(self, max_epochs, check_every)
         calls.append((max_epochs, self.epochs, bool(info.converged.all())))
         return info
@@ -481,12 +482,12 @@ def test_rta_set_up_fits_stop_at_start_epochs(monkeypatch):
     x, y = sparse_multilabel(300, num_features=300, num_labels=40, seed=0)
     x = (x - x.mean(0)) / x.std(0).clamp_min(1e-6)
     model = RTA(x.shape[1], y.shape[1], num_trees=3)
-    assert model.start_epochs < 1000 == StructuredLearner.start_epochs
+    assert model.start_epochs < MAX_EPOCHS == StructuredLearner.start_epochs
     model.start_epochs = 10
     model.resolve_l2(len(x))
     model.choose_feature_map(x, y)
     model.dual_start(x, y, model.l2_grid[0], None)
-    assert [(m, e, c) for m, e, c in calls] == [(10, 10, False)] * 3
+    assert calls == [(10, 10, False)] * 3
 
 
 def test_feature_maps_scale_rows_as_documented():

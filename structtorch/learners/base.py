@@ -32,6 +32,7 @@ from ..plots import close_figure, per_label_figure, structure_figure
 from ..potentials import Potentials
 from ..progress import budget_share, out_of_time, phase
 from ..solvers import BCFW, Oracle, SmoothedMax, independent_duals, independent_svms, tree_oracle, tree_smoothed_max
+from ..solvers.dcd import MAX_EPOCHS
 from ..strategies import SOLVERS, Strategy, solver_strategy
 
 __all__ = ["SOLVERS", "StructuredLearner", "TRAIN_INFERENCE", "TEST_INFERENCE"]
@@ -104,7 +105,7 @@ class StructuredLearner(L.LightningModule):
     #: model.l2=auto never regularises more than this (None: no cap)
     max_auto_l2: float | None = None
     #: DCD epochs at most in the start from Independent's solution (``independent_solution``)
-    start_epochs: int = 1000
+    start_epochs: int = MAX_EPOCHS
 
     def __init__(
         self,

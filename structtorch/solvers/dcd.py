@@ -30,9 +30,12 @@ from ..progress import out_of_time, tick
 from .bcfw import check_lam, check_mask
 from .certificate import GapInfo, certificate
 
-__all__ = ["DualCD", "independent_duals", "independent_svms"]
+__all__ = ["MAX_EPOCHS", "DualCD", "independent_duals", "independent_svms"]
 
 log = logging.getLogger(__name__)
+
+#: DCD epochs at most in a fit unless its caller says otherwise
+MAX_EPOCHS = 1000
 
 
 class DualCD:
@@ -115,7 +118,7 @@ class DualCD:
         self._write_back()
         return self.last
 
-    def fit(self, max_epochs: int = 1000, check_every: int = 5) -> GapInfo:
+    def fit(self, max_epochs: int = MAX_EPOCHS, check_every: int = 5) -> GapInfo:
         """Epochs until every model is certified (relative gap <= tol), ``max_epochs`` in all, or the run's time
         budget is spent (``progress.time_budget``); certified every ``check_every`` epochs."""
         info = self.last if self.last is not None else self.certify()  # the last fit's closing one, if still current
@@ -156,7 +159,7 @@ class DualCD:
 
 
 def independent_svms(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None = None,
-                     bias_reg: float = 1.0, tol: float = 1e-2, max_epochs: int = 1000
+                     bias_reg: float = 1.0, tol: float = 1e-2, max_epochs: int = MAX_EPOCHS
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Independent's solution, one linear SVM per label (``DualCD``), to a relative gap ``tol``, ``max_epochs`` DCD
     epochs or the end of the running time budget: the starting point of a structured learner's fit, at that
@@ -175,7 +178,7 @@ def independent_svms(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor
 
 
 def independent_duals(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None = None,
-                      bias_reg: float = 1.0, tol: float = 1e-2, max_epochs: int = 1000) -> torch.Tensor | None:
+                      bias_reg: float = 1.0, tol: float = 1e-2, max_epochs: int = MAX_EPOCHS) -> torch.Tensor | None:
     """The dual of Independent's solution (``independent_svms``, same arguments) as fractions of their bound,
     alpha / C in [0, 1]: [M, N, n] on x's device and dtype (0 on the rows a model does not train on; 1: a margin
     violator), or None where the fused kernel cannot be built."""
