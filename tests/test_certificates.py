@@ -183,6 +183,10 @@ def test_rta_on_medical_shaped_data_never_stops_on_a_negative_gap(tmp_path):
     assert report["primal"] >= report["dual"] > 0 and report["relative_gap"] >= 0
     assert not report["converged"] and trainer.current_epoch == 3  # uncertified searches: a loose, honest gap
     assert report["inference"]["train"]["certified"] < 1.0
+    # BCFW's steps search K-best lists of k alone; the certificate's pass doubles K where Lemma 7 fails
+    assert report["inference"]["steps"]["mean_k"] == model.hparams.k < report["inference"]["train"]["mean_k"]
+    # the last epoch's steps searched every row once; the certificate's check of their oracle is not counted
+    assert report["inference"]["steps"]["searches"] == len(x)
 
 
 def _rta_fit(max_epochs: int, **kwargs) -> RTA:

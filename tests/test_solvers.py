@@ -16,7 +16,15 @@ from structtorch.graph import Graph
 from structtorch.inference import lp_map, smoothed_lp
 from structtorch.losses import crf_nll, hamming_augment
 from structtorch.potentials import Potentials
-from structtorch.solvers import BCFW, BatchedLBFGS, LPSmoothedMax, SmoothedLBFGS, smoothed_oracle
+from structtorch.solvers import (
+    BCFW,
+    BatchedLBFGS,
+    LPSmoothedMax,
+    SmoothedLBFGS,
+    one_hot_marginals,
+    smoothed_oracle,
+    tree_oracle,
+)
 
 
 def mulan_subset(name: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,6 +101,25 @@ def test_chain_certificate_equals_block_gaps_and_dual_is_monotone(energy_kind):
     if energy_kind == "finley_joachims":  # plain FW steps on a chain polytope: sublinear, so one energy only
         final = solver.fit(x, y, max_epochs=2000, generator=gen)
         assert bool(final.converged) and float(final.gap) <= 1e-3 * float(final.primal)
+
+
+def test_blind_step_oracle_escalates_to_the_certificates_oracle():
+    """Steps whose oracle only ever proposes the all-zeros labelling converge on that restricted problem, where
+    their gap estimate reaches tol; the certificate's exact candidates show the gap they cannot see, so the steps
+    take the certificate's oracle and the fit certifies. (Without the escalation the fit ends at max_epochs at
+    a relative gap of 0.998.)"""
+    x, y = chain_problem()
+    n, N = y.shape[1], len(x)
+
+    def all_zeros(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        zeros = torch.zeros(pot.unary.shape[:-1], dtype=torch.long)
+        return (pot.score(zeros), *one_hot_marginals(zeros, pot.graph, pot.num_states, pot.dtype))
+
+    energy = FinleyJoachimsEnergy(6, n, Graph.chain(n)).double()
+    solver = BCFW(energy, N, 0.5, tol=1e-3, oracle=tree_oracle, step_oracle=all_zeros)
+    info = solver.fit(x, y, max_epochs=2000, generator=torch.Generator().manual_seed(0))
+    assert solver.escalated and solver.step_oracle is tree_oracle
+    assert bool(info.converged) and float(info.gap) <= 1e-3 * float(info.primal)
 
 
 def test_batched_models_equal_separate_runs():

@@ -301,6 +301,11 @@ class StructuredLearner(L.LightningModule):
         """The loss-augmented max oracle of solver="bcfw" (None: not available). Default: ``tree_oracle``."""
         return tree_oracle if self._exact_tree_training() else None
 
+    def bcfw_step_oracle(self) -> Oracle | None:
+        """A cheaper oracle for solver="bcfw"'s steps (``BCFW``'s ``step_oracle``; its certificate takes
+        ``bcfw_oracle``). Default None: the steps take ``bcfw_oracle`` too."""
+        return None
+
     @property
     def certificate_rows(self) -> int:
         """Training rows per batch of the BCFW certificate's pass over the training set (default 1024)."""

@@ -56,6 +56,7 @@ up to the smoothing (the certified gap cannot fall below about eps * entropy).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -127,6 +128,15 @@ class EnsembleOracle:
     def reset(self) -> None:
         self.searches, self.certified, self.k_total = 0, 0, 0
 
+    @contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Searches in this context leave the counts as they were."""
+        counts = self.searches, self.certified, self.k_total
+        try:
+            yield
+        finally:
+            self.searches, self.certified, self.k_total = counts
+
     def stats(self) -> dict[str, float]:
         """{"certified": fraction of certified searches, "mean_k": their mean K} since the last reset."""
         n = max(self.searches, 1)
@@ -181,6 +191,10 @@ class BCFW:
         sweeps: Gauss-Seidel sweeps over the batch for steps="block".
         averaging: certify (and leave in the energy) the weighted average of the iterates instead of the
             last iterate.
+        step_oracle: the steps' oracle (default ``oracle``), e.g. a cheaper inexact search: a worse mu_hat makes a
+            step smaller, never wrong, and the certificate (``duality_gap``) always takes ``oracle``. Where a
+            certificate's candidates show a relative gap above tol that the step oracle's on the same pass do not,
+            the steps cannot close it: from then on they take ``oracle`` too (``escalated``).
 
     State (per example, indexed by example index, so it can be swapped for a store object):
     ``nu_unary`` [N, M, n, K] and ``nu_pair`` [N, M, E, K, K], nu_i = m(y_i) - mu_i, and ``ell`` [N, M, C],
@@ -194,7 +208,7 @@ class BCFW:
     def __init__(self, energy: Energy, num_examples: int, lam: float | torch.Tensor, oracle: Oracle = tree_oracle,
                  margin_scale: float = 1.0, bias_reg: float = 1e-2, tol: float = 1e-3,
                  mask: torch.Tensor | None = None, steps: str = "block", sweeps: int = 3,
-                 averaging: bool = False, margin: str = "hamming") -> None:
+                 averaging: bool = False, margin: str = "hamming", step_oracle: Oracle | None = None) -> None:
         if not isinstance(energy, Energy):
             raise TypeError(f"energy must be a structtorch Energy, got {type(energy).__name__}")
         if margin not in self.MARGINS:
@@ -209,6 +223,8 @@ class BCFW:
         sweeps = check_int(sweeps, "sweeps", 1)
         self.averaging = check_bool(averaging, "averaging")
         self.energy, self.oracle, self.steps, self.sweeps, self.margin = energy, oracle, steps, sweeps, margin
+        self.step_oracle = oracle if step_oracle is None else step_oracle
+        self.escalated = False  # the steps took ``oracle`` after a certificate their own oracle was blind to
         self.num_models = energy.num_models
         self.num_examples, self.margin_scale, self.bias_reg, self.tol = num_examples, margin_scale, bias_reg, tol
         self.params = [p for _, p in energy.named_parameters()]
@@ -432,7 +448,7 @@ class BCFW:
         self._ensure_state(U.shape[-1])
         with torch.no_grad():
             d_u, d_p, gaps, hinge, d_ell = self._terms(U.detach(), P.detach(), y, index, self.nu_unary,
-                                                       self.nu_pair, self.ell)
+                                                       self.nu_pair, self.ell, self.step_oracle)
             gamma = self._block_steps(x, d_u, d_p, gaps, self.mask[:, index] & self.active[:, None])
             gd_u = gamma[..., self.node_comp, None] * d_u
             gd_p = gamma[..., self.edge_comp, None, None] * d_p
@@ -480,20 +496,22 @@ class BCFW:
         return _gauss_seidel(A, gaps.transpose(1, 2), allowed.transpose(1, 2), self.sweeps).transpose(1, 2)
 
     def _terms(self, U: torch.Tensor, P: torch.Tensor, y: torch.Tensor, index: torch.Tensor,
-               nu_unary: torch.Tensor, nu_pair: torch.Tensor, ell: torch.Tensor):
+               nu_unary: torch.Tensor, nu_pair: torch.Tensor, ell: torch.Tensor, oracle: Oracle | None = None):
         """FW directions d = mu_hat - mu ([M, B, n, K], [M, B, E, K, K]) from the dual state nu_unary
         [N, M, n, K], nu_pair [N, M, E, K, K], ell [N, M, C], block gaps [M, B, C] (masked, divided by N_m),
-        hinge losses [M, B], and the loss direction Delta(y_i, y_hat) - l_i per block [M, B, C]."""
+        hinge losses [M, B] (upper bounds: from the oracle's value), and the loss direction Delta(y_i, y_hat) - l_i
+        per block [M, B, C]; mu_hat from ``oracle`` (default: the certificate's ``self.oracle``)."""
+        oracle = self.oracle if oracle is None else oracle
         K = U.shape[-1]
         m_u, m_p = one_hot_marginals(y, self.energy.graph, K, U.dtype)
         score = (U * m_u).sum((-1, -2)) + (P * m_p).sum((-1, -2, -3))  # [M, B]
         if self.margin == "hamming":
             delta = hamming_margin(y, K, self.margin_scale, U.dtype)
-            value, mh_u, mh_p = self.oracle(self._potentials(U + delta, P))
+            value, mh_u, mh_p = oracle(self._potentials(U + delta, P))
             value = torch.maximum(value, score)  # y_i itself is an assignment (Delta = 0): the max is >= its score
             loss = self._per_component((delta * mh_u).sum(-1), P.new_zeros(()).expand(*score.shape, P.shape[-3]))
         else:  # max(score(y_i), margin + max_{y != y_i} score(y)): the worst violator, or y_i itself
-            value, mh_u, mh_p = self.oracle(self._potentials(U, P), exclude=y)
+            value, mh_u, mh_p = oracle(self._potentials(U, P), exclude=y)
             value = value + self.margin_scale
             truth = score >= value
             value = torch.where(truth, score, value)
@@ -553,11 +571,12 @@ class BCFW:
         D(mu) uses w(mu) rebuilt from the dual state (no drift), so the certificate holds for the
         current parameters. With averaging, w is the average and D the larger of D(mu_avg) and
         D(mu_iterate) (both lower-bound the optimum). Models whose relative gap is <= tol become
-        inactive (stop moving).
+        inactive (stop moving). With a step oracle of its own, the pass also searches with it, for ``_escalate``.
         """
         num_states = 2 if self.averaging else 1  # the point's dual state, then the iterate's
         f64 = torch.float64  # sums over examples and coordinates in float64: rounding must not fake a certificate
         hinge = torch.zeros_like(self.lam, dtype=f64)
+        found = {o: torch.zeros_like(hinge) for o in dict.fromkeys((self.oracle, self.step_oracle))}  # FW gaps
         lins = [torch.zeros_like(self.lam, dtype=f64) for _ in range(num_states)]
         accs = [[torch.zeros_like(p) for p in self.params] for _ in range(num_states)]
         seen = torch.zeros(self.num_examples, dtype=torch.bool, device=self.lam.device)
@@ -565,7 +584,13 @@ class BCFW:
             states = [self.point_state(), (self.nu_unary, self.nu_pair, self.ell)][:num_states]
             w = (self.mask[:, index] / self.count[:, None]).to(f64)
             with torch.no_grad():
-                hinge += (self._terms(U.detach(), P.detach(), y, index, *states[0])[3].to(f64) * w).sum(1)
+                for oracle, acc in found.items():
+                    checks_steps = oracle is not self.oracle  # a search for ``_escalate``, not one of the steps'
+                    with oracle.uncounted() if checks_steps and hasattr(oracle, "uncounted") else nullcontext():
+                        terms = self._terms(U.detach(), P.detach(), y, index, *states[0], oracle)
+                    acc += terms[2].sum((1, 2)).to(f64)
+                    if oracle is self.oracle:
+                        hinge += (terms[3].to(f64) * w).sum(1)
                 seen[index] = True
             for j, (state_u, state_p, state_ell) in enumerate(states):
                 self._add_weights(accs[j], U, P, state_u[index], state_p[index], retain_graph=j + 1 < num_states)
@@ -582,7 +607,16 @@ class BCFW:
                                "bcfw", self.lam.dtype)
             self.lin = lins[0]
             self.active &= ~info.converged.to(self.active.device)
+            self._escalate(found[self.oracle], found[self.step_oracle], info.primal)
         return info
+
+    def _escalate(self, found: torch.Tensor, step_found: torch.Tensor, primal: torch.Tensor) -> None:
+        """The steps take the certificate's oracle once its candidates' gap (``found`` [M], summed FW gaps) is above
+        tol for an active model whose step oracle's candidates (``step_found``) are within it."""
+        scale = self.tol * primal.abs()
+        blind = self.active.to(primal.device) & (found > scale) & (step_found <= scale)
+        if self.step_oracle is not self.oracle and bool(blind.any()):
+            self.step_oracle, self.escalated = self.oracle, True
 
     def fit(self, x: torch.Tensor, y: torch.Tensor, max_epochs: int = 1000, batch_size: int = 64,
             generator: torch.Generator | None = None) -> GapInfo:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
 from ..progress import OutOfTime, out_of_time, phase, tick
 from ..solvers import BCFW, DualCD, GapInfo, SmoothedLBFGS, StepInfo
@@ -219,9 +220,11 @@ class BCFWStrategy(Certified):
     """Block-coordinate Frank-Wolfe in the SSVM dual (the learner's ``bcfw_oracle``), one step per batch, from
     the learner's ``dual_start`` or w = 0 (a resumed run restores its weights and dual state); the exact gap
     whenever the running estimate says it may certify, and until then up to ``solver_iters`` passes over the
-    training set per epoch. An oracle that counts its searches (``reset`` / ``stats``,
-    e.g. RTA's K-best search) has them logged as train/certified and train/mean_k and reported under
-    ``inference.train``."""
+    training set per epoch. The steps take the learner's ``bcfw_step_oracle``, the certificate its ``bcfw_oracle``.
+    Oracles that count their searches (``reset`` / ``stats``, e.g. RTA's K-best searches) have them logged each
+    epoch and reported: the certificate's (every search where the steps share its oracle) as train/certified and
+    train/mean_k under ``inference.train``, the steps' own as train/steps_certified and train/steps_mean_k under
+    ``inference.steps``."""
 
     name = "bcfw"
 
@@ -237,12 +240,12 @@ class BCFWStrategy(Certified):
         learner, hp = self.learner, self.learner.hparams
         self.x, self.y = self.training_tensors(x, y)
         lam, mask = learner.grid_models(len(self.x))
-        self.oracle = learner.bcfw_oracle()
         loaded = [p.detach().clone() for p in learner.energy.parameters()]
-        self.solver = BCFW(learner.energy, len(self.x), lam, oracle=self.oracle, margin_scale=hp.margin_scale,
-                           bias_reg=learner.bias_reg, tol=hp.tol, mask=mask, margin=hp.margin,
-                           averaging=hp.bcfw_averaging)  # from w = 0 = w(mu) of its starting dual point
-        self.train_stats: dict[str, float] = {}
+        self.solver = BCFW(learner.energy, len(self.x), lam, oracle=learner.bcfw_oracle(),
+                           margin_scale=hp.margin_scale, bias_reg=learner.bias_reg, tol=hp.tol, mask=mask,
+                           margin=hp.margin, averaging=hp.bcfw_averaging,
+                           step_oracle=learner.bcfw_step_oracle())  # from w = 0 = w(mu) of its starting dual point
+        self.search_stats: dict[str, dict[str, float]] = {}  # "train" / "steps": the last epoch's that searched
         self.step_seconds, self.step_rows, self.warmed_up, self.batch_rows = 0.0, 0, False, 1
         self.start: dict[str, Any] = {}
         if state is not None:  # the checkpoint's dual state and weights
@@ -260,8 +263,21 @@ class BCFWStrategy(Certified):
 
     def epoch_start(self) -> None:
         self.solver.start_epoch()
-        if hasattr(self.oracle, "reset"):
-            self.oracle.reset()
+        for oracle in self._counting_oracles().values():
+            oracle.reset()
+
+    def _counting_oracles(self) -> dict[str, Any]:
+        """The oracles that count their searches: {"train": the certificate's, "steps": the steps' own}."""
+        certificate, steps = self.solver.oracle, self.solver.step_oracle
+        oracles = {"train": certificate} | ({"steps": steps} if steps is not certificate else {})
+        return {name: o for name, o in oracles.items() if hasattr(o, "stats")}
+
+    def _record_searches(self) -> dict[str, dict[str, float]]:
+        """``search_stats`` of the counting oracles that searched since the epoch started; returns those."""
+        done = {name: o.stats() | {"searches": o.searches} for name, o in self._counting_oracles().items()
+                if o.searches}
+        self.search_stats |= done
+        return done
 
     def training_step(self, batch: tuple, batch_idx: int) -> None:
         learner = self.learner
@@ -332,11 +348,10 @@ class BCFWStrategy(Certified):
                 info = None
                 break
             info = self.certificate_if_due()
-        stats = self.oracle.stats() if hasattr(self.oracle, "stats") else None
-        if stats is not None and self.oracle.searches:
-            self.train_stats = stats | {"searches": self.oracle.searches}
-            self.learner.log("train/certified", stats["certified"])
-            self.learner.log("train/mean_k", stats["mean_k"])
+        for name, stats in self._record_searches().items():
+            prefix = "" if name == "train" else f"{name}_"
+            self.learner.log(f"train/{prefix}certified", stats["certified"])
+            self.learner.log(f"train/{prefix}mean_k", stats["mean_k"])
         if info is None:
             self.learner.log("train/duality_gap", self.solver.gap_estimate().max().float(), prog_bar=True)
             return False
@@ -352,13 +367,19 @@ class BCFWStrategy(Certified):
         by more than half its expected time (``certificate_seconds``, from the steps' pace): K-best searches that
         double K for uncertified rows can make the pass many times slower than the steps (RTA on delicious: 14
         rows/s against 130). The steps then have the budget left."""
-        every = torch.arange(len(self.x), device=self.x.device)
+        every, escalated = torch.arange(len(self.x), device=self.x.device), self.solver.escalated
         with phase(f"{type(self.learner).__name__} ({self.name}) certificate", quiet=True):
             try:
-                return self.solver.duality_gap(self._rows(every.split(self.learner.certificate_rows)))
+                info = self.solver.duality_gap(self._rows(every.split(self.learner.certificate_rows)))
             except OutOfTime as err:
                 self.unfit = f"not computed: {err}"
                 return None
+        self._record_searches()
+        if self.solver.escalated and not escalated:
+            rank_zero_info(f"{type(self.learner).__name__} (bcfw): the certificate's search found violators that the "
+                           f"steps' cheaper one does not (a relative gap above model.tol): the steps take the "
+                           f"certificate's search from now on")
+        return info
 
     def _rows(self, chunks: tuple[torch.Tensor, ...]) -> Iterator[tuple[torch.Tensor, ...]]:
         done, start, grace = 0, time.monotonic(), self.certificate_seconds() / 2
@@ -378,7 +399,8 @@ class BCFWStrategy(Certified):
 
     def report(self) -> dict[str, Any]:
         report = super().report() | ({"start": self.start} if self.start else {})
-        return report | ({"inference": {"train": self.train_stats}} if self.train_stats else {})
+        report |= {"steps_escalated": True} if self.solver.escalated else {}
+        return report | ({"inference": self.search_stats} if self.search_stats else {})
 
 
 def lbfgs_solver(learner, energy, x: torch.Tensor, labels: torch.Tensor, lam: float | torch.Tensor,
