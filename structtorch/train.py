@@ -363,7 +363,7 @@ def _solver_row(solver: dict[str, Any]) -> str:
                        f"tolerance {floor:.2g})")
         searched = solver.get("inference", {}).get("train", {}).get("certified")
         if not done and searched is not None and searched < 1:  # an ensemble's K-best searches (RTA)
-            verdict = (f"NOT certified ({100 * searched:.0f}% of the training K-best searches certified: the gap "
+            verdict = (f"NOT certified ({100 * searched:.0f}% of the certificate's K-best searches certified: the gap "
                        f"is Lemma 7's upper bound, loose where they are not; model.k_max tightens it)")
         return (f"{'duality gap':<22} {_worst(solver['relative_gap']):8.1e}   ({solver['solver']}, "
                 f"tol {solver['tol']:g}, {epochs}): {verdict}")
