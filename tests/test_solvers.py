@@ -120,6 +120,9 @@ def test_blind_step_oracle_escalates_to_the_certificates_oracle():
     info = solver.fit(x, y, max_epochs=2000, generator=torch.Generator().manual_seed(0))
     assert solver.escalated and solver.step_oracle is tree_oracle
     assert bool(info.converged) and float(info.gap) <= 1e-3 * float(info.primal)
+    resumed = BCFW(energy, N, 0.5, tol=1e-3, oracle=tree_oracle, step_oracle=all_zeros)
+    resumed.load_state_dict(solver.state_dict())  # a resumed run keeps the escalation
+    assert resumed.escalated and resumed.step_oracle is tree_oracle
 
 
 def test_batched_models_equal_separate_runs():

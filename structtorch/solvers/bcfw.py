@@ -278,8 +278,8 @@ class BCFW:
     def state_dict(self) -> dict[str, torch.Tensor | None]:
         """The dual state: nu_unary [N, M, n, K], nu_pair [N, M, E, K, K], ell [N, M, C], active [M], lin [M];
         with averaging also avg_unary, avg_pair, avg_ell (as nu, ell), iterate_lin [M], avg_steps [M] and
-        iterate.<j> (the iterate's parameters, shaped as the energy's)."""
-        state = {k: getattr(self, k) for k in self._state_keys()}
+        iterate.<j> (the iterate's parameters, shaped as the energy's); escalated (bool [], ``step_oracle``)."""
+        state = {k: getattr(self, k) for k in self._state_keys()} | {"escalated": torch.tensor(self.escalated)}
         return state | {f"iterate.{j}": t for j, t in enumerate(self.iterate)}
 
     def load_state_dict(self, state: dict[str, torch.Tensor | None]) -> None:
@@ -299,6 +299,8 @@ class BCFW:
         with torch.no_grad():
             for j, t in enumerate(self.iterate):
                 t.copy_(state[f"iterate.{j}"])
+        if bool(state.get("escalated", False)):  # (absent from checkpoints written before step oracles)
+            self.step_oracle, self.escalated = self.oracle, True
 
     def point_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The dual state of the point in the energy (certified by ``duality_gap``): the averages with
