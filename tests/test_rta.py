@@ -518,8 +518,6 @@ def test_feature_maps_scale_rows_as_documented():
 def test_rta_steps_keep_k_only_above_hamming_max_labels():
     """Above HAMMING_MAX_LABELS the steps search K-best lists of k alone; at fewer labels they double K as the
     certificate does (None: BCFW's steps take ``bcfw_oracle``)."""
-    from structtorch.learners.rta import HAMMING_MAX_LABELS
-
     assert RTA(10, HAMMING_MAX_LABELS).bcfw_step_oracle() is None
     steps = RTA(10, HAMMING_MAX_LABELS + 1, k=4).bcfw_step_oracle()
     assert (steps.k, steps.k_max) == (4, 4)

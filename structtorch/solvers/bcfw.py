@@ -578,7 +578,8 @@ class BCFW:
         num_states = 2 if self.averaging else 1  # the point's dual state, then the iterate's
         f64 = torch.float64  # sums over examples and coordinates in float64: rounding must not fake a certificate
         hinge = torch.zeros_like(self.lam, dtype=f64)
-        found = {o: torch.zeros_like(hinge) for o in dict.fromkeys((self.oracle, self.step_oracle))}  # FW gaps
+        checks_steps = self.step_oracle is not self.oracle  # then also its candidates' FW gaps, for ``_escalate``
+        found, step_found = torch.zeros_like(hinge), torch.zeros_like(hinge)  # the candidates' summed FW gaps
         lins = [torch.zeros_like(self.lam, dtype=f64) for _ in range(num_states)]
         accs = [[torch.zeros_like(p) for p in self.params] for _ in range(num_states)]
         seen = torch.zeros(self.num_examples, dtype=torch.bool, device=self.lam.device)
@@ -586,13 +587,13 @@ class BCFW:
             states = [self.point_state(), (self.nu_unary, self.nu_pair, self.ell)][:num_states]
             w = (self.mask[:, index] / self.count[:, None]).to(f64)
             with torch.no_grad():
-                for oracle, acc in found.items():
-                    checks_steps = oracle is not self.oracle  # a search for ``_escalate``, not one of the steps'
-                    with oracle.uncounted() if checks_steps and hasattr(oracle, "uncounted") else nullcontext():
-                        terms = self._terms(U.detach(), P.detach(), y, index, *states[0], oracle)
-                    acc += terms[2].sum((1, 2)).to(f64)
-                    if oracle is self.oracle:
-                        hinge += (terms[3].to(f64) * w).sum(1)
+                terms = self._terms(U.detach(), P.detach(), y, index, *states[0])
+                hinge += (terms[3].to(f64) * w).sum(1)
+                found += terms[2].sum((1, 2)).to(f64)
+                if checks_steps:  # not one of the steps' searches: their counts stay as they were
+                    with getattr(self.step_oracle, "uncounted", nullcontext)():
+                        step = self._terms(U.detach(), P.detach(), y, index, *states[0], self.step_oracle)
+                    step_found += step[2].sum((1, 2)).to(f64)
                 seen[index] = True
             for j, (state_u, state_p, state_ell) in enumerate(states):
                 self._add_weights(accs[j], U, P, state_u[index], state_p[index], retain_graph=j + 1 < num_states)
@@ -609,15 +610,15 @@ class BCFW:
                                "bcfw", self.lam.dtype)
             self.lin = lins[0]
             self.active &= ~info.converged.to(self.active.device)
-            self._escalate(found[self.oracle], found[self.step_oracle], info.primal)
+            if checks_steps:
+                self._escalate(found, step_found, info.primal)
         return info
 
     def _escalate(self, found: torch.Tensor, step_found: torch.Tensor, primal: torch.Tensor) -> None:
         """The steps take the certificate's oracle once its candidates' gap (``found`` [M], summed FW gaps) is above
         tol for an active model whose step oracle's candidates (``step_found``) are within it."""
         scale = self.tol * primal.abs()
-        blind = self.active.to(primal.device) & (found > scale) & (step_found <= scale)
-        if self.step_oracle is not self.oracle and bool(blind.any()):
+        if bool((self.active.to(primal.device) & (found > scale) & (step_found <= scale)).any()):
             self.step_oracle, self.escalated = self.oracle, True
 
     def fit(self, x: torch.Tensor, y: torch.Tensor, max_epochs: int = 1000, batch_size: int = 64,
