@@ -33,7 +33,8 @@ class ModelConfig:
     l2: Any = "auto"  # auto: the learner's auto_l2 / N; a number; or a list: a grid chosen by cv_folds-fold CV
     cv_folds: int = 5
     cv_metric: str = "hamming_acc"
-    solver: str = "auto"  # lbfgs | bcfw | dcd (certified: stop at tol) | adam | adamw | sgd; auto: lbfgs if certified
+    # lbfgs | bcfw | dcd (certified: stop at tol) | adam | adamw | sgd; auto: lbfgs if certified
+    solver: str = "auto"
     lr: float = 0.01
     lr_schedule: str = "cosine"
     tol: float = 1e-3  # relative duality gap at which a certified solver stops

@@ -50,7 +50,7 @@ def independent_subset_acc(text_like) -> float:
 
 def test_independent_svms_is_dual_cd_to_its_tolerance(text_like):
     x, y = text_like[:2]
-    lam = torch.tensor([1 / N_TRAIN, 10 / N_TRAIN])
+    lam = torch.tensor([100 / N_TRAIN, 1000 / N_TRAIN])  # model.l2=auto (C = 0.01) and C = 0.001
     w, b, objective = independent_svms(x, y, lam, bias_reg=RHO, tol=1e-2)
     assert w.shape == (2, 40, 600) and b.shape == (2, 40) and objective.shape == (2,)
     sign = 2.0 * y - 1
@@ -59,9 +59,10 @@ def test_independent_svms_is_dual_cd_to_its_tolerance(text_like):
     from structtorch.energies import FinleyJoachimsEnergy
     from structtorch.graph import Graph
 
-    exact = DualCD(FinleyJoachimsEnergy(600, 40, Graph.empty(40), num_models=2), x, y, lam, bias_reg=RHO, tol=1e-4)
-    optimum = exact.fit().primal
-    assert bool((objective >= optimum * (1 - 1e-4)).all()) and bool((objective <= optimum * 1.011).all())
+    exact = DualCD(FinleyJoachimsEnergy(600, 40, Graph.empty(40), num_models=2), x, y, lam, bias_reg=RHO, tol=1e-3)
+    optimum = exact.fit(max_epochs=5000)  # P* within [dual, primal], 0.1% apart
+    assert bool(optimum.converged.all())
+    assert bool((objective >= optimum.dual * (1 - 1e-6)).all()) and bool((objective <= optimum.primal * 1.011).all())
 
 
 @INDEPENDENT_GROUP

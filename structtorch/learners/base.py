@@ -82,8 +82,9 @@ class StructuredLearner(L.LightningModule):
         lr, lr_schedule ("cosine" or "none"): the gradient optimizers' step size.
         tol: relative duality gap at which a certified solver stops.
         bias_reg: rho, the certified solvers' bias regulariser relative to l2; "auto" (default): 1e-4 with
-            lbfgs (an almost free bias) and 1 with bcfw and dcd (liblinear's convention: BCFW's dual steps stall
-            along a nearly free bias, e.g. a relative gap of 0.77 after 60 epochs on emotions at 1e-4).
+            lbfgs and dcd (an almost free bias; dcd gets there by continuation, ``DualCD``) and 1 with bcfw
+            (liblinear's convention: BCFW's dual steps stall along a nearly free bias, e.g. a relative gap of 0.77
+            after 60 epochs on emotions at 1e-4).
         solver_iters: L-BFGS iterations (solver="lbfgs"; certified every 20), DCD epochs (solver="dcd";
             certified every 5) or BCFW passes over the training set (solver="bcfw"; certified where the running
             gap estimate says it may) per training epoch at most.
@@ -325,9 +326,9 @@ class StructuredLearner(L.LightningModule):
 
     @property
     def bias_reg(self) -> float:
-        """rho, the bias regulariser relative to l2 (model.bias_reg=auto: 1 for bcfw and dcd, else 1e-4)."""
+        """rho, the bias regulariser relative to l2 (model.bias_reg=auto: 1 for bcfw, else 1e-4)."""
         rho = self.hparams.bias_reg
-        return (1.0 if self.solver_name in ("bcfw", "dcd") else 1e-4) if rho == "auto" else float(rho)
+        return (1.0 if self.solver_name == "bcfw" else 1e-4) if rho == "auto" else float(rho)
 
     def build_strategy(self) -> Strategy:
         """The training strategy (``structtorch.strategies``) of ``solver_name``; learners with an algorithm of
