@@ -34,7 +34,7 @@ from ..progress import out_of_time, tick
 from .bcfw import check_lam, check_mask
 from .certificate import GapInfo, certificate
 
-__all__ = ["MAX_EPOCHS", "DualCD", "available", "independent_duals", "independent_svms"]
+__all__ = ["MAX_EPOCHS", "DualCD", "independent_duals", "independent_svms"]
 
 log = logging.getLogger(__name__)
 
@@ -250,15 +250,6 @@ def _fit_independent(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor
         log.warning("no start from Independent's solution: %s", err)
         return None
     return solver, solver.fit(max_epochs).primal
-
-
-def available() -> bool:
-    """Whether the fused kernel of ``DualCD`` builds here (it is built on the first call)."""
-    try:
-        _kernel()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _kernel():
