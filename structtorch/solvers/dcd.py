@@ -132,10 +132,10 @@ class DualCD:
             S = coef.sum(2)  # [M, n]: the bias is S / rho' at the stage's optimum
             self.bias = S / self.stage
             margins = margins + self.bias[:, None, :]
-            self.last, self.stage_gap = (
-                self._certificate(margins, feature_sq + rho * self.bias.pow(2).sum(1),
-                                  feature_sq + S.pow(2).sum(1) / rho, alpha_sum)
-                for rho in (self.bias_reg, self.stage))
+            at = {rho: self._certificate(margins, feature_sq + rho * self.bias.pow(2).sum(1),
+                                         feature_sq + S.pow(2).sum(1) / rho, alpha_sum)
+                  for rho in {self.bias_reg, self.stage}}  # one certificate once the last stage is reached
+            self.last, self.stage_gap = at[self.bias_reg], at[self.stage]
         self._write_back()
         return self.last
 
