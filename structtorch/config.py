@@ -33,7 +33,7 @@ class ModelConfig:
     l2: Any = "auto"  # auto: the learner's auto_l2 / N; a number; or a list: a grid chosen by cv_folds-fold CV
     cv_folds: int = 5
     cv_metric: str = "hamming_acc"
-    # lbfgs | bcfw | dcd (certified: stop at tol) | adam | adamw | sgd; auto: lbfgs if certified
+    # lbfgs | bcfw | dcd (certified: stop at tol) | adam | adamw | sgd; auto: lbfgs if certified (Independent: dcd)
     solver: str = "auto"
     lr: float = 0.01
     lr_schedule: str = "cosine"

@@ -158,16 +158,17 @@ def test_a_resumed_fit_resumes_the_continuations_stage():
     assert float(again.stage_gap.gap) == float(first.stage_gap.gap)
 
 
-def test_independent_with_solver_dcd_trains_to_its_certificate_in_one_epoch():
+def test_independent_trains_with_dcd_by_default_to_its_certificate_in_one_epoch():
     from structtorch.data.datamodule import SyntheticDataModule
 
     dm = SyntheticDataModule(num_train=300, num_test=200, num_labels=5, val_fraction=0.0, seed=1)
-    model = Independent(dm.num_features, dm.num_labels, solver="dcd")
+    model = Independent(dm.num_features, dm.num_labels)  # solver="auto"
     trainer = L.Trainer(max_epochs=20, accelerator="cpu", logger=False, enable_progress_bar=False,
                         enable_checkpointing=False, enable_model_summary=False)
     trainer.fit(model, datamodule=dm)
     report = model.solver_report()
     assert model.solver_name == "dcd" and model.bias_reg == 1e-4  # the other learners' rho, by continuation
+    assert Independent(3, 2, margin="zero_one").solver_name != "dcd"  # not Independent's Hamming hinge
     assert report["solver"] == "dcd" and report["converged"] and trainer.current_epoch == 1  # one epoch
     acc = trainer.test(model, datamodule=dm, verbose=False)[0]["test/hamming_acc"]
     assert acc > 0.8  # a model that learned nothing predicts the majority state: about 0.6 here

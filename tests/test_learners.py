@@ -147,12 +147,12 @@ def test_cosine_schedule_anneals_to_zero_over_max_epochs(trained):
 
 # ---------------------------------------------------------------------- a custom learner
 # ---------------------------------------------------------------------- certified solvers through the Trainer
-@pytest.mark.parametrize("kind", ["independent", "true_tree"])
-def test_default_solver_is_certified_and_stops_by_itself(kind, dm):
+@pytest.mark.parametrize("kind,solver", [("independent", "dcd"), ("true_tree", "lbfgs")])
+def test_default_solver_is_certified_and_stops_by_itself(kind, solver, dm):
     L.seed_everything(0, verbose=False)
     model = learner(kind, dm, solver="auto", l2=0.01)
     trainer, metrics = fit_and_test(model, dm, epochs=500)
-    assert model.solver_name == "lbfgs" and trainer.current_epoch < 500  # stopped on its certificate
+    assert model.solver_name == solver and trainer.current_epoch < 500  # stopped on its certificate
     report = model.solver_report()
     assert report["converged"] and 0 <= report["relative_gap"] <= 1e-3 and report["dual"] <= report["primal"]
     assert metrics["test/hamming_acc"] >= majority_hamming(dm.test_tensors[1]) + 0.10, metrics

@@ -619,9 +619,9 @@ def test_the_console_says_whether_the_run_is_certified():
 
 
 SOLVER_RUNS = {  # one tiny run per kind of solver, capped at 1 epoch: (overrides, the console's last line)
-    "lbfgs": (["model=independent"], r"duality gap .*\(lbfgs, tol 0\.001, 1 epoch\): (certified|NOT certified)"),
-    "dcd": (["model=independent", "model.solver=dcd"],
-            r"duality gap .*\(dcd, tol 0\.001, 1 epoch\): (certified|NOT certified)"),
+    "lbfgs": (["model=independent", "model.solver=lbfgs"],
+              r"duality gap .*\(lbfgs, tol 0\.001, 1 epoch\): (certified|NOT certified)"),
+    "dcd": (["model=independent"], r"duality gap .*\(dcd, tol 0\.001, 1 epoch\): (certified|NOT certified)"),
     "bcfw": (["model=independent", "model.solver=bcfw", "model.tol=1e-9", "model.solver_iters=1"],  # one pass
              r"duality gap .*\(bcfw, tol 1e-09, 1 epoch\): NOT certified \(raise trainer\.max_epochs.*"),
     "cccp": (["model=crank", "model.restarts=2", "model.inner_iters=5", "model.iters=3", "model.predict_iters=20"],

@@ -78,7 +78,7 @@ class StructuredLearner(L.LightningModule):
             <= ``tol`` (``max_epochs`` is then only a cap), and they regularise biases too, with weight
             ``bias_reg`` * l2. "adam", "adamw", "sgd": minibatch gradient steps for ``max_epochs`` (non-convex
             energies), biases unregularised. "auto": lbfgs for an energy linear in its parameters (``Energy.is_linear``)
-            with a smoothed max for the training inference (trees; Full), else adam.
+            with a smoothed max for the training inference (trees; Full), else adam (Independent: dcd).
         lr, lr_schedule ("cosine" or "none"): the gradient optimizers' step size.
         tol: relative duality gap at which a certified solver stops.
         bias_reg: rho, the certified solvers' bias regulariser relative to l2; "auto" (default): 1e-4 with

@@ -14,7 +14,8 @@ from ..graph import Graph, check_bool, check_int
 from ..inference import lp_map, smoothed_lp, tree_map
 from ..potentials import Potentials
 from ..progress import out_of_time
-from ..solvers import ForestSmoothedMax, LPSmoothedMax, Oracle, SmoothedLBFGS, SmoothedMax, smoothed_oracle
+from ..solvers import DualCD, ForestSmoothedMax, LPSmoothedMax, Oracle, SmoothedLBFGS, SmoothedMax, smoothed_oracle
+from ..solvers.dcd import available as dcd_available
 from ..state import ExampleState
 from ..structure import max_spanning_tree
 from ..structure.edge_scores import candidate_graph, chow_liu_tree, dependence_order
@@ -85,10 +86,21 @@ class M3N(StructuredLearner):
 
 
 class Independent(M3N):
-    """Empty structure: one linear max-margin classifier per label (CRANK's Empty baseline)."""
+    """Empty structure: one linear max-margin classifier per label (CRANK's Empty baseline). ``solver="auto"`` takes
+    solver="dcd" (liblinear's dual coordinate descent, ``DualCD``) for the hinge with the Hamming margin where the
+    fused CPU kernels build, else as ``StructuredLearner``: on delicious it certified (1e-3) where L-BFGS ended the
+    time budget at a relative gap of 0.32."""
 
     def build_energy(self) -> FinleyJoachimsEnergy:
         return self.m3n_energy(Graph.empty(self.hparams.num_labels), self.num_models)
+
+    @property
+    def solver_name(self) -> str:
+        hp = self.hparams
+        if hp.solver == "auto" and hp.loss == "hinge" and hp.margin == "hamming" and hp.margin_scale == 1.0 and \
+                DualCD.supports(self.energy) and dcd_available():
+            return "dcd"
+        return super().solver_name
 
 
 class FixedTree(M3N):

@@ -34,7 +34,7 @@ from ..progress import out_of_time, tick
 from .bcfw import check_lam, check_mask
 from .certificate import GapInfo, certificate
 
-__all__ = ["MAX_EPOCHS", "DualCD", "independent_duals", "independent_svms"]
+__all__ = ["MAX_EPOCHS", "DualCD", "available", "independent_duals", "independent_svms"]
 
 log = logging.getLogger(__name__)
 
@@ -210,8 +210,7 @@ def independent_svms(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor
     """Independent's solution, one linear SVM per label (``DualCD``), to a relative gap ``tol``, ``max_epochs`` DCD
     epochs or the end of the running time budget: the starting point of a structured learner's fit, at that
     learner's ``bias_reg`` (at bibtex's shape, rho = 1 instead of the L-BFGS learners' 1e-4 made the biases' penalty
-    98% of the objective). Without the continuation for now: with it the starts change, and with them every
-    committed table of the learners that start here, to be run again in the change that turns it on.
+    98% of the objective), by continuation where rho < 1.
 
     x [N, D], y [N, n] (0/1), lam float or [M], mask [M, N] (or None), bias_reg rho > 0. Returns weight [M, n, D],
     bias [M, n] (M = 1 for a float lam) and their objective [M] on x's device and dtype, or None where the fused
@@ -245,11 +244,20 @@ def _fit_independent(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor
     energy = FinleyJoachimsEnergy(x.shape[1], n, Graph.empty(n), num_models=M)
     try:
         solver = DualCD(energy, x, y, torch.as_tensor(lam, dtype=torch.float64).cpu().reshape(M), bias_reg=bias_reg,
-                        tol=tol, mask=None if mask is None else mask.cpu(), continuation=False)
+                        tol=tol, mask=None if mask is None else mask.cpu())
     except RuntimeError as err:  # the kernel could not be built: the eager passes work, without this start
         log.warning("no start from Independent's solution: %s", err)
         return None
     return solver, solver.fit(max_epochs).primal
+
+
+def available() -> bool:
+    """Whether the fused kernel of ``DualCD`` builds here (it is built on the first call)."""
+    try:
+        _kernel()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _kernel():
