@@ -11,8 +11,9 @@ CRANK and Project, non-convex, have no gap: "stationary" when CCCP met its stopp
 subset, also the gap of their forest retrained on every row). Each peer
 (``peers.py``) chooses C by 3-fold CV on the training file and is timed over the CV and the final fit. A cell
 that fails or runs past ``--timeout`` seconds (``--timeout-large`` above 160 labels) says so instead of
-numbers. Datasets default to those in the data cache (``$STRUCTTORCH_DATA/mulan``). Writes <out>.csv and
-<out>.md; ``--update`` keeps the rows not rerun.
+numbers. Datasets default to those in the data cache (``$STRUCTTORCH_DATA/mulan``). Writes <out>.csv, <out>.md
+and <out>_summary.md (subset / example F1 per learner and dataset, the README's table; ``--summary`` rewrites it
+from <out>.csv alone); ``--update`` keeps the rows not rerun.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 
 from runner import ROOT
-from tables import SCORES, merge_rows, read_rows, write_table
+from tables import SCORES, markdown, merge_rows, read_rows, write_table
 
 from structtorch.data import load_mulan, mulan_cache_dir, mulan_datasets
 
@@ -140,6 +141,31 @@ def structtorch_cells(metrics: dict) -> dict:
 
 
 # ---------------------------------------------------------------------- the table
+def summary(rows: list[dict]) -> list[str]:
+    """Subset / example-F1 accuracy (%) of each model (a row) on each dataset (a column), as markdown lines; a
+    cell that failed shows "-" (matrix.md's note says why), one not run "not run", one not certified a "*"."""
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    cells = {(r["dataset"], r["model"]): r for r in rows}
+
+    def cell(row: dict | None) -> str:
+        if row is None:
+            return "not run"
+        if row.get("subset_acc") in ("", None):
+            return "-"
+        star = "*" if "NOT certified" in str(row.get("gap", "")) else ""
+        return f"{float(row['subset_acc']):.2f} / {float(row['example_f1']):.2f}{star}"
+
+    models = [m for m in [*MODELS, *PEERS] if any((d, m) in cells for d in datasets)]
+    return markdown(["model", *datasets], [[m, *(cell(cells.get((d, m))) for d in datasets)] for m in models]) + [
+        "", "Subset / example F1 accuracy (%) on each dataset's test file (`matrix.md` has Hamming accuracy, times, "
+        "memory and gaps, and why a failed cell failed). *: not certified (stopped by the time budget or max_epochs)."]
+
+
+def write_summary(rows: list[dict], out: Path) -> None:
+    path = out.with_name(out.name + "_summary.md")
+    path.write_text("\n".join(summary(rows)) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", nargs="+", default=None, help="default: every dataset in the data cache")
@@ -151,11 +177,14 @@ def main() -> None:
                     help="run directories of the cells")
     ap.add_argument("--update", action="store_true", help="keep the rows of <out>.csv that are not rerun")
     ap.add_argument("--out", default=str(ROOT / "experiments/results/matrix"))
+    ap.add_argument("--summary", action="store_true", help="only rewrite <out>_summary.md from <out>.csv")
     ap.add_argument("--peer", nargs=3, metavar=("NAME", "DATA", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer:
         return peer_cell(args.peer[0], args.peer[1], Path(args.peer[2]))
     out, work = Path(args.out), Path(args.work)
+    if args.summary:
+        return write_summary(read_rows(out.with_suffix(".csv")), out)
     rows = read_rows(out.with_suffix(".csv")) if args.update else []
     for data in args.datasets or cached_datasets():
         labels = load_mulan(data, "train", progress=False)[1].shape[1]
@@ -166,6 +195,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             rows = merge_rows(rows, [row], [*MODELS, *PEERS])
             write_table(rows, out, COLUMNS, footer=FOOTER)
+            write_summary(rows, out)
 
 
 FOOTER = ["", "Test accuracies in % (Hamming / subset 0-1 / example F1) on the standard train/test files; every "

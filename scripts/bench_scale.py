@@ -4,13 +4,13 @@
                                   [--rows 1000 2000 5000 10000 21519] [--label-rows 2000] [--timeout 600]
                                   [--update]
 
-Every cell is the user's command in its own process, ``python -m structtorch.train model=<m> data=mulan ...``
-with the learner's defaults and one bounded epoch: ``model.solver_iters=10`` L-BFGS iterations (RTA:
-``model.solver_iters=1``, one BCFW pass) and the certificate pass after it, structure learning included (Chow-Liu,
-the trees, candidate graphs). Labels axis: the ``n`` most frequent labels of delicious (``data.max_labels``, 983
-labels in all) on ``--label-rows`` seeded training rows (``data.max_rows``); examples axis: ``N`` seeded rows of
-tmc2007's training file (22 labels, 21,519 rows). Recorded: ``train_seconds`` of the run and the process's peak
-resident memory.
+Every cell is the user's command in its own process, ``python -m structtorch.train model=<m> data=mulan ...`` with
+the learner's defaults and one bounded epoch: ``model.solver_iters=10`` L-BFGS iterations (Independent: 10 DCD
+epochs; RTA: ``model.solver_iters=1``, one BCFW pass) and the certificate pass after it, structure learning included
+(Chow-Liu, the trees, candidate graphs). Labels axis: the ``n`` most frequent labels of delicious
+(``data.max_labels``, 983 labels in all) on ``--label-rows`` seeded training rows (``data.max_rows``); examples
+axis: ``N`` seeded rows of tmc2007's training file (22 labels, 21,519 rows). Recorded: ``train_seconds`` of the run
+and the process's peak resident memory.
 Printed: each learner's growth exponent, the slope of log(time) against log(n) or log(N) fitted over the cells
 that finished (1: linear; memory: of the peak above a process that only imports the command). Writes
 scripts/results/bench_scale.json and bench_scale.png. Sizes that do not finish in ``--timeout`` seconds say so in

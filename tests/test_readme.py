@@ -175,3 +175,17 @@ def test_the_custom_model_snippet_runs_as_pasted(tmp_path):
     metrics = eval(re.search(r"^\{.*\}$", proc.stdout, flags=re.M).group(0))  # the dict the snippet prints
     majority = float(re.search(r"MAJORITY (\S+)", proc.stdout).group(1))
     assert metrics["test/hamming_acc"] >= majority + 0.05, (metrics, majority)
+
+
+def test_the_readme_shows_the_committed_matrix():
+    """The README's learner x dataset table is the one ``experiments/matrix.py`` writes from the committed
+    ``matrix.csv`` (``--summary``), so a rerun that changes the table cannot leave the README behind."""
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        import matrix
+        from tables import read_rows
+    finally:
+        sys.path.remove(str(REPO / "experiments"))
+    lines = matrix.summary(read_rows(REPO / "experiments" / "results" / "matrix.csv"))
+    assert "\n".join(lines) in README_TEXT
+    assert (REPO / "experiments" / "results" / "matrix_summary.md").read_text() == "\n".join(lines) + "\n"
