@@ -149,6 +149,9 @@ def test_cosine_schedule_anneals_to_zero_over_max_epochs(trained):
 # ---------------------------------------------------------------------- certified solvers through the Trainer
 @pytest.mark.parametrize("kind,solver", [("independent", "dcd"), ("true_tree", "lbfgs")])
 def test_default_solver_is_certified_and_stops_by_itself(kind, solver, dm):
+    from structtorch.solvers.dcd import available
+
+    solver = solver if solver != "dcd" or available() else "lbfgs"  # no compiler: Independent falls back to lbfgs
     L.seed_everything(0, verbose=False)
     model = learner(kind, dm, solver="auto", l2=0.01)
     trainer, metrics = fit_and_test(model, dm, epochs=500)
@@ -156,6 +159,15 @@ def test_default_solver_is_certified_and_stops_by_itself(kind, solver, dm):
     report = model.solver_report()
     assert report["converged"] and 0 <= report["relative_gap"] <= 1e-3 and report["dual"] <= report["primal"]
     assert metrics["test/hamming_acc"] >= majority_hamming(dm.test_tensors[1]) + 0.10, metrics
+
+
+def test_independent_falls_back_to_lbfgs_where_the_dcd_kernel_does_not_build(monkeypatch):
+    from structtorch.learners import baselines
+
+    monkeypatch.setattr(baselines, "dcd_available", lambda: False)
+    assert Independent(4, 3).solver_name == "lbfgs"
+    monkeypatch.setattr(baselines, "dcd_available", lambda: True)
+    assert Independent(4, 3).solver_name == "dcd" and Independent(4, 3, solver="lbfgs").solver_name == "lbfgs"
 
 
 def test_crf_with_lbfgs_is_certified(dm):
