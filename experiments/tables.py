@@ -8,11 +8,23 @@ import csv
 import math
 from pathlib import Path
 
+PROVENANCE = "<!-- provenance: kept when the table is rewritten -->"
+
+
+def kept_provenance(md: Path) -> list[str]:
+    """The hand-written lines of an existing ``md`` from its ``PROVENANCE`` marker on (which runs made which rows),
+    or none: a rerun that rewrites the table (``--update``) keeps them, to be added to."""
+    if not md.is_file():
+        return []
+    text = md.read_text()
+    return ["", *text[text.index(PROVENANCE):].rstrip("\n").splitlines()] if PROVENANCE in text else []
+
 
 def write_table(rows: list[dict], out: Path, columns: list[str] | None = None, footer: list[str] = ()) -> None:
     """Write ``rows`` to ``out``.csv (every key) and ``out``.md (``columns``, default every key, then
-    ``footer`` lines), and print the markdown."""
+    ``footer`` lines, then the existing md's provenance section, ``kept_provenance``), and print the markdown."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    footer = [*footer, *kept_provenance(out.with_suffix(".md"))]
     with open(out.with_suffix(".csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
         w.writeheader()
