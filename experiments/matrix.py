@@ -162,6 +162,7 @@ def summary(rows: list[dict]) -> list[str]:
 
 
 def write_summary(rows: list[dict], out: Path) -> None:
+    """``summary(rows)`` into <out>_summary.md."""
     path = out.with_name(out.name + "_summary.md")
     path.write_text("\n".join(summary(rows)) + "\n")
 

@@ -14,9 +14,10 @@ from ..graph import Graph, check_bool, check_int
 from ..inference import lp_map, smoothed_lp, tree_map
 from ..potentials import Potentials
 from ..progress import out_of_time
-from ..solvers import DualCD, ForestSmoothedMax, LPSmoothedMax, Oracle, SmoothedLBFGS, SmoothedMax, smoothed_oracle
+from ..solvers import ForestSmoothedMax, LPSmoothedMax, Oracle, SmoothedLBFGS, SmoothedMax, smoothed_oracle
 from ..solvers.dcd import available as dcd_available
 from ..state import ExampleState
+from ..strategies import DCDStrategy
 from ..structure import max_spanning_tree
 from ..structure.edge_scores import candidate_graph, chow_liu_tree, dependence_order
 from .base import StructuredLearner
@@ -96,9 +97,7 @@ class Independent(M3N):
 
     @property
     def solver_name(self) -> str:
-        hp = self.hparams
-        if hp.solver == "auto" and hp.loss == "hinge" and hp.margin == "hamming" and hp.margin_scale == 1.0 and \
-                DualCD.supports(self.energy) and dcd_available():
+        if self.hparams.solver == "auto" and DCDStrategy.solves(self) and dcd_available():
             return "dcd"
         return super().solver_name
 

@@ -23,6 +23,7 @@ energy's device; the weights are written into the energy after every certificate
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 
@@ -251,8 +252,10 @@ def _fit_independent(x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor
     return solver, solver.fit(max_epochs).primal
 
 
+@functools.cache
 def available() -> bool:
-    """Whether the fused kernel of ``DualCD`` builds here (it is built on the first call)."""
+    """Whether the fused kernel of ``DualCD`` builds here (built, or found failing, once per process: the learners'
+    ``solver_name`` asks at every step)."""
     try:
         _kernel()
     except RuntimeError:

@@ -182,11 +182,18 @@ class DCDStrategy(Certified):
 
     name = "dcd"
 
+    @staticmethod
+    def solves(learner: Any) -> bool:
+        """Whether ``learner``'s objective is one linear SVM per label: an energy without pairwise terms
+        (``DualCD.supports``), the hinge with the Hamming margin at margin_scale 1."""
+        hp = learner.hparams
+        return hp.loss == "hinge" and hp.margin == "hamming" and hp.margin_scale == 1.0 and DualCD.supports(
+            learner.energy)
+
     def check(self) -> None:
         super().check()
         learner, hp = self.learner, self.learner.hparams
-        if hp.loss != "hinge" or hp.margin != "hamming" or hp.margin_scale != 1.0 or not DualCD.supports(
-                learner.energy):
+        if not self.solves(learner):
             raise ValueError(f"solver=dcd solves one linear SVM per label: an energy without pairwise terms "
                              f"(Independent) and loss=hinge, margin=hamming, margin_scale=1; "
                              f"{type(learner).__name__} with loss={hp.loss}, margin={hp.margin}, margin_scale="
