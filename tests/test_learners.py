@@ -11,9 +11,10 @@ from conftest import EXCLUSIONS, beats_independent
 
 from structtorch import Graph, Potentials
 from structtorch.data import SyntheticDataModule, random_tree
-from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy
+from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy, TreeEnsembleEnergy
 from structtorch.inference import tree_sample
 from structtorch.learners import LEARNERS, M3N, FixedTree, Independent, StructuredLearner
+from structtorch.structure import random_spanning_trees
 from structtorch.structure.edge_scores import chow_liu_tree
 
 EPOCHS = 12
@@ -579,6 +580,31 @@ def test_finley_joachims_block_gram_equals_autograd(spin):
     gram = torch.stack(grads) @ torch.stack(grads).T
     nodes, edges = energy.block_gram(x, d_u, d_p, bias_scale)
     assert torch.allclose(nodes.sum(0) + edges.sum(0), gram, atol=1e-10)
+    summed = energy.block_gram(x, d_u, d_p, bias_scale, summed=True)
+    torch.testing.assert_close(summed, (nodes.sum(0), edges.sum(0)))
+
+
+@pytest.mark.parametrize("kind", ["table", "ensemble"])
+@pytest.mark.parametrize("models", [None, 2])
+def test_block_gram_summed_is_the_sum_of_its_parts(kind, models):
+    """``block_gram(..., summed=True)`` (BCFW's one block per example) gives the sums over nodes and over edges of
+    the per-node and per-edge parts, with and without a model dim, for the table and ensemble energies."""
+    gen = torch.Generator().manual_seed(4)
+    B, D, n, K = 5, 3, 4, 3 if kind == "table" else 2
+    if kind == "table":
+        energy = LinearTableEnergy(D, n, K, Graph.chain(n), input_dependent_pairwise=True, num_models=models)
+        E = n - 1
+    else:
+        energy = TreeEnsembleEnergy(D, random_spanning_trees(n, 3, gen), num_models=models)
+        E = 3 * (n - 1)
+    lead = () if models is None else (models,)
+    x = torch.randn(B, D, generator=gen, dtype=torch.float64)
+    d_u = torch.randn(*lead, B, n, K, generator=gen, dtype=torch.float64)
+    d_p = torch.randn(*lead, B, E, K, K, generator=gen, dtype=torch.float64)
+    energy = energy.double()
+    nodes, edges = energy.block_gram(x, d_u, d_p, 3.0)
+    summed = energy.block_gram(x, d_u, d_p, 3.0, summed=True)
+    torch.testing.assert_close(summed, (nodes.sum(-3), edges.sum(-3)))
 
 
 def test_spin_is_a_saved_hyperparameter_of_every_m3n_learner(tmp_path):

@@ -411,6 +411,29 @@ def test_start_at_is_the_dual_point_of_product_distributions(kind, margin, seed,
     assert lin >= quad - 1e-9 if c == 1 else lin == pytest.approx(quad, rel=1e-9)  # dD/dt at t = 1: >= 0, or 0
 
 
+def test_start_at_drops_a_point_it_would_keep_almost_none_of():
+    """``BCFW.start_at`` under the 0/1 margin: the line search's c scales as lambda (w(mu) as 1 / lambda), so from a
+    lambda where it kept c in (0.01, 1), the lambda that puts it at 0.005 drops the point (every state and weight 0,
+    D = 0: the w = 0 start) and the one that puts it at 0.02 keeps it."""
+    gen = torch.Generator().manual_seed(3)
+    N, D, n = 9, 4, 6
+    x, y = torch.randn(N, D, generator=gen, dtype=F64), torch.randint(0, 2, (N, n), generator=gen)
+    trees = random_spanning_trees(n, 3, gen)
+    q = torch.distributions.Dirichlet(torch.ones(2, dtype=F64)).sample((N, 1, n))
+
+    def start(lam: float) -> tuple[float, BCFW, TreeEnsembleEnergy]:
+        energy = TreeEnsembleEnergy(D, trees).to(F64)
+        solver = BCFW(energy, N, lam, oracle=EnsembleOracle(2, 32), margin="zero_one", bias_reg=0.5)
+        return float(solver.start_at([(x, y, torch.arange(N))], q)[0]), solver, energy
+
+    lam = next(lam for lam in 10.0 ** torch.arange(-3, 4).double() if 0.01 < start(float(lam))[0] < 1)
+    c = start(float(lam))[0]
+    dropped, solver, energy = start(float(lam) * 0.005 / c)
+    assert dropped == 0 and float(solver.dual()[0]) == 0 and float(solver.lin[0]) == 0
+    assert all(bool((t == 0).all()) for t in (solver.nu_unary, solver.nu_pair, solver.ell, *energy.parameters()))
+    assert start(float(lam) * 0.02 / c)[0] == pytest.approx(0.02, rel=1e-6)
+
+
 def test_independent_duals_rebuild_independent_svms_weights():
     """alpha / C from ``independent_duals``: in [0, 1], 0 outside the mask, and sum_i alpha_il s_il x~_i is the weight
     vector ``independent_svms`` returns for the same fit."""

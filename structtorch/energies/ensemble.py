@@ -122,13 +122,14 @@ class TreeEnsembleEnergy(Energy):
             w = w + self.bias.detach().pow(2).sum(-1)
         return w.sqrt()
 
-    def block_gram(self, x: torch.Tensor, d_unary: torch.Tensor, d_pair: torch.Tensor, bias_scale: float
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    def block_gram(self, x: torch.Tensor, d_unary: torch.Tensor, d_pair: torch.Tensor, bias_scale: float,
+                   summed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-node [(M,) n, B, B] (zeros: no unary parameters) and per-edge [(M,) T(n-1), B, B] Gram parts of
-        the per-example gradients of <pot(x_b), d_b>, with d_pair [(M,) B, T(n-1), K, K] in the flat layout
-        of ``lift_models`` (pairwise / T, trees one after the other); see ``FinleyJoachimsEnergy.block_gram``."""
-        T = self.graph.num_graphs
+        the per-example gradients of <pot(x_b), d_b>, or with ``summed`` their sums [(M,) B, B], with d_pair
+        [(M,) B, T(n-1), K, K] in the flat layout of ``lift_models`` (pairwise / T, trees one after the other); see
+        ``FinleyJoachimsEnergy.block_gram``."""
+        T, B = self.graph.num_graphs, x.shape[0]
         feat = feature_gram(self.features(x), bias_scale if self.bias is not None else None)
-        pair = torch.einsum("...beij,...ceij->...ebc", d_pair, d_pair) * feat * (self.tree_scale / T) ** 2
-        nodes = d_unary.new_zeros(*d_unary.shape[:-3], self.graph.num_nodes, x.shape[0], x.shape[0])
-        return nodes, pair
+        pair = torch.einsum(f"...beij,...ceij->...{'bc' if summed else 'ebc'}", d_pair, d_pair)
+        nodes = d_unary.new_zeros(*d_unary.shape[:-3], *(() if summed else (self.graph.num_nodes,)), B, B)
+        return nodes, pair * feat * (self.tree_scale / T) ** 2

@@ -118,19 +118,21 @@ class FinleyJoachimsEnergy(Energy):
         self.edge_weight = nn.Parameter(self.edge_weight.detach()[..., mask.to(self.edge_weight.device)].clone())
         self.edge_mask = self.edge_mask[..., mask.to(self.edge_mask.device)].clone()
 
-    def block_gram(self, x: torch.Tensor, d_unary: torch.Tensor, d_pair: torch.Tensor, bias_scale: float
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    def block_gram(self, x: torch.Tensor, d_unary: torch.Tensor, d_pair: torch.Tensor, bias_scale: float,
+                   summed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Gram matrices of the per-example gradients of <pot(x_b), d_b>, split by node and edge.
 
         x [B, D]; d_unary [(M,) B, n, 2], d_pair [(M,) B, E, 2, 2]. Returns node parts [(M,) n, B, B] and
         edge parts [(M,) E, B, B]: the inner product of the gradients (w.r.t. the parameters, bias
         coordinates weighted by ``bias_scale``) of <pot(x_b), d_b> and <pot(x_c), d_c>, both restricted
         to a node/edge subset, is the sum of its parts (each node and edge owns disjoint parameters).
+        ``summed``: the sums over the nodes and over the edges instead, [(M,) B, B] each (one block per example).
         """
         feat = feature_gram(x, bias_scale if self.unary.bias is not None else None)
         dp = (d_pair * self.pair_table).sum((-2, -1))  # d <pot, d_b> / d w_ij
-        du, dp = d_unary[..., 1].transpose(-1, -2), dp.transpose(-1, -2)  # [(M,) n, B], [(M,) E, B]
-        return du[..., :, None] * du[..., None, :] * feat, dp[..., :, None] * dp[..., None, :]
+        out = "bc" if summed else "nbc"
+        return (torch.einsum(f"...bn,...cn->...{out}", d_unary[..., 1], d_unary[..., 1]) * feat,
+                torch.einsum(f"...bn,...cn->...{out}", dp, dp))
 
 
 class LinearTableEnergy(Energy):
@@ -197,12 +199,12 @@ class LinearTableEnergy(Energy):
             self.pairwise.weight.copy_(old.weight[..., rows, :])
             self.pairwise.bias.copy_(old.bias[..., rows])
 
-    def block_gram(self, x: torch.Tensor, d_unary: torch.Tensor, d_pair: torch.Tensor, bias_scale: float
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    def block_gram(self, x: torch.Tensor, d_unary: torch.Tensor, d_pair: torch.Tensor, bias_scale: float,
+                   summed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-node [(M,) n, B, B] and per-edge [(M,) E, B, B] Gram parts of the per-example gradients of
-        <pot(x_b), d_b> (see ``FinleyJoachimsEnergy.block_gram``); d_unary [(M,) B, n, K], d_pair
-        [(M,) B, E, K, K]."""
+        <pot(x_b), d_b>, or with ``summed`` their sums [(M,) B, B] (see ``FinleyJoachimsEnergy.block_gram``);
+        d_unary [(M,) B, n, K], d_pair [(M,) B, E, K, K]."""
         feat = feature_gram(x, bias_scale)
-        nodes = torch.einsum("...bna,...cna->...nbc", d_unary, d_unary) * feat
-        pair = torch.einsum("...beij,...ceij->...ebc", d_pair, d_pair)
+        nodes = torch.einsum(f"...bna,...cna->...{'bc' if summed else 'nbc'}", d_unary, d_unary) * feat
+        pair = torch.einsum(f"...beij,...ceij->...{'bc' if summed else 'ebc'}", d_pair, d_pair)
         return nodes, pair * feat if self.input_dependent_pairwise else pair

@@ -266,7 +266,11 @@ class BCFWStrategy(Certified):
         if q is not None:
             every = torch.arange(len(self.x), device=self.x.device).split(learner.certificate_rows)
             mix = self.solver.start_at(((self.x[i], self.y[i], i) for i in every), q)
-            self.start = {"mix": plain(mix), "dual": plain(self.solver.dual())}
+            found, dual = self.solver.found_mix, self.solver.dual()
+            self.start = {"mix": plain(mix), "line_search": plain(found), "dual": plain(dual)}
+            if bool((mix == 0).any()):
+                rank_zero_info(f"{type(learner).__name__} (bcfw): the line search keeps {float(found.min()):.2g} of "
+                               f"the start at Independent's solution, below {BCFW.MIN_START_MIX}: dropped, from w = 0")
 
     def epoch_start(self) -> None:
         self.solver.start_epoch()
