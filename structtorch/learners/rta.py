@@ -201,7 +201,8 @@ class RTA(StructuredLearner):
                    ) -> torch.Tensor | None:
         """With ``independent_start``: the product distributions of Independent's dual, label l of example i flipped
         with probability alpha_il / C (``independent_duals`` on varphi(x) at lambda n T / 4), q [N, M, n, 2];
-        ``BCFW.start_at`` mixes them with the labels by its line search.
+        ``BCFW.start_at`` mixes them with the labels by its line search (a mix below ``BCFW.MIN_START_MIX``, as on
+        delicious, is dropped: BCFW starts at w = 0).
 
         lambda n T / 4: a score spread over the trees' edges costs about n T / 2 times Independent's norm, and the
         edge marginals q_a (x) q_b add an interaction of about the same norm. Measured: D at the start against the
