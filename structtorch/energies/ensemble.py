@@ -130,6 +130,6 @@ class TreeEnsembleEnergy(Energy):
         ``FinleyJoachimsEnergy.block_gram``."""
         T, B = self.graph.num_graphs, x.shape[0]
         feat = feature_gram(self.features(x), bias_scale if self.bias is not None else None)
-        pair = torch.einsum(f"...beij,...ceij->...{'bc' if summed else 'ebc'}", d_pair, d_pair)
+        pair = torch.einsum(f"...beij,...ceij->...{'' if summed else 'e'}bc", d_pair, d_pair)
         nodes = d_unary.new_zeros(*d_unary.shape[:-3], *(() if summed else (self.graph.num_nodes,)), B, B)
         return nodes, pair * feat * (self.tree_scale / T) ** 2

@@ -130,9 +130,9 @@ class FinleyJoachimsEnergy(Energy):
         """
         feat = feature_gram(x, bias_scale if self.unary.bias is not None else None)
         dp = (d_pair * self.pair_table).sum((-2, -1))  # d <pot, d_b> / d w_ij
-        out = "bc" if summed else "nbc"
-        return (torch.einsum(f"...bn,...cn->...{out}", d_unary[..., 1], d_unary[..., 1]) * feat,
-                torch.einsum(f"...bn,...cn->...{out}", dp, dp))
+        out = "" if summed else "p"  # p: the node or edge index
+        return (torch.einsum(f"...bp,...cp->...{out}bc", d_unary[..., 1], d_unary[..., 1]) * feat,
+                torch.einsum(f"...bp,...cp->...{out}bc", dp, dp))
 
 
 class LinearTableEnergy(Energy):
@@ -205,6 +205,7 @@ class LinearTableEnergy(Energy):
         <pot(x_b), d_b>, or with ``summed`` their sums [(M,) B, B] (see ``FinleyJoachimsEnergy.block_gram``);
         d_unary [(M,) B, n, K], d_pair [(M,) B, E, K, K]."""
         feat = feature_gram(x, bias_scale)
-        nodes = torch.einsum(f"...bna,...cna->...{'bc' if summed else 'nbc'}", d_unary, d_unary) * feat
-        pair = torch.einsum(f"...beij,...ceij->...{'bc' if summed else 'ebc'}", d_pair, d_pair)
+        out = "" if summed else "p"  # p: the node or edge index
+        nodes = torch.einsum(f"...bpa,...cpa->...{out}bc", d_unary, d_unary) * feat
+        pair = torch.einsum(f"...bpij,...cpij->...{out}bc", d_pair, d_pair)
         return nodes, pair * feat if self.input_dependent_pairwise else pair
