@@ -253,6 +253,38 @@ def test_a_reserved_certificate_is_computed_after_the_epoch_s_tail_spent_its_tim
     assert model.strategy.certificate is not None and model.solver_report()["relative_gap"] is not None
 
 
+def test_a_fit_whose_steps_stopped_for_the_reserve_ends_at_that_epoch_s_end(monkeypatch):
+    """Once the steps stop to keep the closing certificate's time, the fit ends at that epoch's end, stopped by the
+    time budget: it used to run epochs without a step (each with its validation pass) until the budget was spent
+    (RTA on delicious: an epoch and a minute of the budget)."""
+    from structtorch.strategies import certified
+
+    monkeypatch.setattr(certified, "out_of_time", lambda distributed=False, reserve=0.0: 500.0 < reserve)
+    monkeypatch.setattr(certified.BCFWStrategy, "certificate_seconds", lambda self: 1000.0)  # fits: no pass is cut
+    model = _rta_fit(3)
+    assert model.strategy.step_rows == 0 and model.strategy.reserved and model.current_epoch == 1
+    assert model.solver_report()["stopped_by"] == "time_budget" and model.strategy.certificate is not None
+
+
+def test_a_closing_certificate_cut_at_the_budget_gives_its_time_back_to_the_steps_at_once(monkeypatch):
+    """Where the closing certificate's pass turns out slower than the steps' pace said (RTA on delicious: K-best
+    searches doubling K, 26 rows/s against 97), it is tried as soon as the steps stop for its time, cut, and the
+    steps take that time back in the same epoch. The run used to wait an epoch without a step (its running estimate
+    of 0 then asked for the certificate) and its validation pass, about a minute at delicious."""
+    from structtorch.strategies import certified
+
+    monkeypatch.setattr(certified, "out_of_time", lambda distributed=False, reserve=0.0: 500.0 < reserve)
+    monkeypatch.setattr(certified.BCFWStrategy, "certificate_seconds", lambda self: 1000.0)
+    monkeypatch.setattr(certified.BCFWStrategy, "certify", lambda self: setattr(self, "unfit", "not computed: cut"))
+    epochs, step = [], certified.BCFWStrategy.bcfw_step
+    monkeypatch.setattr(certified.BCFWStrategy, "bcfw_step",
+                        lambda self, *batch: (epochs.append(self.learner.current_epoch), step(self, *batch))[1])
+    with pytest.warns(UserWarning, match="without a certificate: not computed: cut"):
+        model = _rta_fit(2, solver_iters=2)
+    # epoch 0: its second pass (in steps of one row: no training batch has set their size); epoch 1: both passes
+    assert epochs == [0] * 60 + [1, 1] and not model.strategy.reserved
+
+
 def test_a_certificate_that_cannot_fit_the_budget_is_not_computed_and_the_run_says_so(monkeypatch):
     """Where the certificate's pass would run far past the budget (RTA at delicious: about 0.12 s a row, 1,400 s
     for its 11,628 rows), the steps use the whole budget and the run ends without a certificate: reported as

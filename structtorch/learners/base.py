@@ -410,7 +410,8 @@ class StructuredLearner(L.LightningModule):
     def on_train_epoch_end(self) -> None:
         if self.strategy.epoch_end():
             self.trainer.should_stop = True
-        elif self.trainer.strategy.reduce_boolean_decision(out_of_time(distributed=True), all=False):
+        elif self.trainer.strategy.reduce_boolean_decision(out_of_time(distributed=True) or self.strategy.reserved,
+                                                           all=False):
             self.stopped_by = "time_budget"  # every process stops at this epoch's end (any one out of time)
             self.trainer.should_stop = True
         self._epoch_phase.close()

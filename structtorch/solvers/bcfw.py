@@ -429,9 +429,10 @@ class BCFW:
 
     # ------------------------------------------------------------------ the step
     def start_epoch(self) -> None:
-        """Reset the running (epoch) sums of block gaps and losses."""
+        """Reset the running (epoch) sums of block gaps and losses, and the count of rows they cover."""
         self.epoch_gap = torch.zeros_like(self.lam)
         self.epoch_loss = torch.zeros_like(self.lam)
+        self.epoch_rows = 0
 
     def start_pass(self, batch_size: int, generator: torch.Generator | None = None,
                    device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
@@ -484,6 +485,7 @@ class BCFW:
             loss = (hinge * self.mask[:, index]).sum(1) / self.count
             self.epoch_gap += batch_gap
             self.epoch_loss += loss
+            self.epoch_rows += len(index)
             return StepInfo(gap=batch_gap, loss=loss, step=t)
 
     def _block_steps(self, x: torch.Tensor, d_u: torch.Tensor, d_p: torch.Tensor, gaps: torch.Tensor,
@@ -566,7 +568,10 @@ class BCFW:
     def should_certify(self) -> bool:
         """True when some active model's running estimate is below tol: time for ``duality_gap``. With
         averaging always (while a model is active): the running estimate is the iterate's, and the
-        average's gap, often much smaller, has no cheap estimate."""
+        average's gap, often much smaller, has no cheap estimate. Never before a pass over every row since
+        ``start_epoch``: the estimate sums the block gaps of the rows stepped (0 for an epoch without a step)."""
+        if self.epoch_rows < self.num_examples:
+            return False
         if self.averaging:
             return bool(self.active.any())
         return bool((self.active & (self.gap_estimate() <= self.tol)).any())

@@ -51,6 +51,9 @@ class Strategy:
 
     def __init__(self, learner: StructuredLearner) -> None:
         self.learner = learner
+        #: the steps stopped to keep the time of the fit's closing work (a certificate) out of the time budget: the
+        #: fit ends at this epoch's end, as at the budget, rather than run epochs without a step until it
+        self.reserved = False
 
     def check(self) -> None:
         """Raise ValueError if this strategy cannot train ``learner`` (its energy, loss or options)."""

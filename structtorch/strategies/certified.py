@@ -29,7 +29,6 @@ class Certified(Strategy):
         self.certificate: GapInfo | None = None
         self.stale = False  # steps were taken since ``certificate``
         self.unfit: str | None = None  # why the run ends without a certificate (it would not fit the time budget)
-        self.reserved = False  # the steps stopped to keep the closing certificate's time: it runs whatever is left
 
     def check(self) -> None:
         energy = self.learner.energy
@@ -324,17 +323,16 @@ class BCFWStrategy(Certified):
         self.step_counter()
         return info
 
-    def extra_pass(self, p: int) -> bool:
+    def extra_pass(self, p: int) -> None:
         """Pass ``p`` of the epoch over the training set, in the training batches' size and an order drawn from the
-        epoch and ``p`` (the same on every rank); False when the time budget stopped it before its end."""
+        epoch and ``p`` (the same on every rank), until the time budget (``may_step``) stops it."""
         gap = float(self.solver.gap_estimate().max())  # the last pass's
         seed = self.learner.current_epoch * self.learner.hparams.solver_iters + p
         for i in self.solver.start_pass(self.batch_rows, torch.Generator().manual_seed(seed), self.x.device):
             if not self.may_step():
-                return False
+                return
             self.bcfw_step(self.x[i], self.y[i], i)
             tick(p + 1, self.learner.hparams.solver_iters, "passes", lambda: f"{self._pace()}, gap estimate {gap:.2g}")
-        return True
 
     def _pace(self) -> str:
         return f"{self.step_rows / self.step_seconds:.0f} rows/s" if self.step_seconds > 0 else ""
@@ -355,9 +353,7 @@ class BCFWStrategy(Certified):
         for p in range(1, self.learner.hparams.solver_iters):
             if (info is not None and bool(info.converged.all())) or self.solver.should_certify() or not self.may_step():
                 break
-            if not self.extra_pass(p):  # cut by the time budget
-                info = None
-                break
+            self.extra_pass(p)
             info = self.certificate_if_due()
         for name, stats in self._record_searches().items():
             prefix = "" if name == "train" else f"{name}_"
@@ -369,8 +365,14 @@ class BCFWStrategy(Certified):
         return self.log_certificate(info)
 
     def certificate_if_due(self) -> GapInfo | None:
-        """The exact gap (``certify``) where the running estimate says it may certify and it fits the budget."""
-        return self.certify() if self.solver.should_certify() and self.certificate_fits() else None
+        """The exact gap (``certify``) where it fits the budget and the running estimate says it may certify, or the
+        steps stopped to keep its time (``reserved``: the closing certificate, computed at once). A closing pass cut
+        at the budget (``unfit``: slower than the steps, RTA on delicious) gives the steps back the time it kept."""
+        if not ((self.solver.should_certify() or self.reserved) and self.certificate_fits()):
+            return None
+        info = self.certify()
+        self.reserved = self.reserved and info is not None
+        return info
 
     def certify(self) -> GapInfo | None:
         """The exact duality gap, one pass over the training set (a progress line every ``EVERY_S`` seconds of a
