@@ -155,15 +155,15 @@ class RTA(StructuredLearner):
         """Fitting: the training rows' ``label_cardinality`` (for model.l2=auto), the base's set-up, then
         (normalize="auto") ``choose_feature_map`` on the training set. A resumed fit's checkpoint then restores the
         map it trained with."""
-        if stage == "fit":
-            self.label_cardinality = float(training_set(self.trainer)[1].sum(1, dtype=torch.float64).mean())
-        super().setup(stage)
         if stage != "fit":
-            return
+            return super().setup(stage)
+        x, y = training_set(self.trainer)  # once here (a plain train loader is read whole at each call)
+        self.label_cardinality = float(y.sum(1, dtype=torch.float64).mean())
+        super().setup(stage)
         if self.hparams.normalize == "auto":
-            self.feature_choice = self.choose_feature_map(*training_set(self.trainer))
+            self.feature_choice = self.choose_feature_map(x, y)
         elif self.energy.feature_map == "global":
-            self.energy.set_feature_map("global", training_set(self.trainer)[0])
+            self.energy.set_feature_map("global", x)
 
     def choose_feature_map(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any] | None:
         """Set varphi to "row" or "global", whichever gives Independent's SVMs on varphi(x) at lambda n T / 4 (the

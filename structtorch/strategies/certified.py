@@ -371,7 +371,8 @@ class BCFWStrategy(Certified):
         if not ((self.solver.should_certify() or self.reserved) and self.certificate_fits()):
             return None
         info = self.certify()
-        self.reserved = self.reserved and info is not None
+        if info is None:  # the pass was cut (``unfit``): the steps may use the time it kept
+            self.reserved = False
         return info
 
     def certify(self) -> GapInfo | None:
