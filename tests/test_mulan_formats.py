@@ -244,3 +244,22 @@ def test_mulan_like_writes_a_folder_the_cli_reads_as_the_synthetic_data(tmp_path
     assert data.label_names == [f"label{j}" for j in range(L)]
     assert torch.equal(data.y_train, y[:train]) and torch.equal(data.y_test, y[train:])
     assert torch.equal(data.x_train, x[:train]) and torch.equal(data.x_test, x[train:])
+
+
+@pytest.mark.parametrize("cardinality", [1.0, 1.25, 3.38])
+def test_sparse_multilabel_draws_about_cardinality_labels_a_row(cardinality: float) -> None:
+    """The shape's label count: 1 + Poisson(cardinality - 1) labels a row (enron: 3.38), every row labelled."""
+    from structtorch.data import sparse_multilabel
+
+    _, y = sparse_multilabel(4000, num_features=300, num_labels=53, seed=0, cardinality=cardinality)
+    per_row = y.sum(1).double()
+    assert bool((per_row >= 1).all())
+    assert abs(float(per_row.mean()) - cardinality) <= 4 * ((cardinality - 1) / len(y)) ** 0.5  # 4 standard errors
+
+
+@pytest.mark.parametrize("bad", [0.5, float("inf"), float("nan"), True])
+def test_sparse_multilabel_rejects_a_cardinality_below_one_or_not_finite(bad: object) -> None:
+    from structtorch.data import sparse_multilabel
+
+    with pytest.raises((ValueError, TypeError), match="cardinality"):
+        sparse_multilabel(10, num_features=20, num_labels=5, cardinality=bad)
