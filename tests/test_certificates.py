@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import types
+import warnings
 
 import lightning as L
 import pytest
@@ -328,22 +329,43 @@ def test_a_certificate_pass_slower_than_expected_stops_past_the_budget_and_the_r
     passes, grace, clock = [], [], itertools.count(step=5.0)
     monkeypatch.setattr(RTA, "certificate_rows", property(lambda self: 7))
     monkeypatch.setattr(BCFW, "should_certify", lambda self: True)
-    monkeypatch.setattr(certified.BCFWStrategy, "certificate_seconds", lambda self: 8.0)  # at the steps' pace
+    monkeypatch.setattr(certified.BCFWStrategy, "certificate_seconds", lambda self: 16.0)  # at the steps' pace
     monkeypatch.setattr(certified, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))  # 5 s a reading
-    # always 10 s of budget left: out of time where the caller must keep more than that
+    # always 20 s of budget left: out of time where the caller must keep more than that
     monkeypatch.setattr(certified, "out_of_time", lambda distributed=False, reserve=0.0: (grace.append(reserve),
-                                                                                          reserve >= 10.0)[1])
+                                                                                          reserve >= 20.0)[1])
     certify = certified.BCFWStrategy.certify
     monkeypatch.setattr(certified.BCFWStrategy, "certify", lambda self: (passes.append(1), certify(self))[1])
     with pytest.warns(UserWarning, match=r"without a certificate: not computed: its pass over the training set "
-                                         r"would end more than 4 s past trainer.time_budget \(7 of 60 rows in"):
+                                         r"would end more than 8 s past trainer.time_budget \(7 of 60 rows in"):
         model = _rta_fit(2)
     report = model.solver_report()
-    # one pass, cut after its first batch: the other 53 rows at its pace would end 4 s (its grace) past the budget
-    assert len(passes) == 1 and any(r >= 10.0 for r in grace)
+    # one pass, cut after its first batch: the other 53 rows at its pace would end 8 s (its grace) past the budget
+    assert len(passes) == 1 and any(r >= 20.0 for r in grace)
     assert model.strategy.step_rows == 60 and report["converged"] is False and report["relative_gap"] is None
     console = format_metrics({"model": "rta", "data": "synthetic", "solver": {**report, "epochs": 2}})
     assert "NOT certified (not computed: its pass over the training set would end more than" in console
+
+
+def test_a_short_certificate_pass_a_second_past_the_budget_is_finished_and_certifies(monkeypatch):
+    """A pass expected to take well under a second (half of it: a grace of 0.2 s) that its own pace says will end
+    about a second past the budget is finished (``CERTIFICATE_GRACE_S``): RTA at enron's shape, 3.4 labels a row,
+    cut such a 2 s pass 1 s from its end and reported no gap."""
+    from structtorch.solvers import BCFW
+    from structtorch.strategies import certified
+
+    clock = itertools.count(step=0.2)
+    monkeypatch.setattr(RTA, "certificate_rows", property(lambda self: 7))
+    monkeypatch.setattr(BCFW, "should_certify", lambda self: True)
+    monkeypatch.setattr(certified.BCFWStrategy, "certificate_seconds", lambda self: 0.4)  # at the steps' pace
+    monkeypatch.setattr(certified, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))  # 0.2 s a reading
+    # always 1 s of budget left: the pass's own pace (7 rows in 0.2 s) says its other 53 rows end 0.5 s past it
+    monkeypatch.setattr(certified, "out_of_time", lambda distributed=False, reserve=0.0: reserve >= 1.0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*without a certificate")
+        model = _rta_fit(2)
+    report = model.solver_report()
+    assert model.strategy.unfit is None and report["relative_gap"] is not None
 
 
 def test_rta_certifies_in_batches_sized_by_its_searches(monkeypatch):
