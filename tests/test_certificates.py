@@ -368,6 +368,22 @@ def test_a_short_certificate_pass_a_second_past_the_budget_is_finished_and_certi
     assert model.strategy.unfit is None and report["relative_gap"] is not None
 
 
+def test_the_certificate_s_grace_needs_a_measured_pace(monkeypatch):
+    """3 s past the budget a pass expected to take 0.4 s still fits (its grace is ``CERTIFICATE_GRACE_S``), but a
+    pass of unknown time (no step timed it: RTA at delicious spent its budget on the start) does not: its first
+    batch alone could run far past the budget before its pace is known."""
+    from structtorch.strategies import certified
+
+    model = _rta_fit(1)
+    strategy = model.strategy
+    strategy.unfit, strategy.reserved = None, False
+    monkeypatch.setattr(certified, "out_of_time", lambda distributed=False, reserve=0.0: reserve >= -3.0)
+    monkeypatch.setattr(certified.BCFWStrategy, "certificate_seconds", lambda self: 0.4)
+    assert strategy.certificate_grace() == certified.CERTIFICATE_GRACE_S and strategy.certificate_fits()
+    monkeypatch.setattr(certified.BCFWStrategy, "certificate_seconds", lambda self: 0.0)
+    assert strategy.certificate_grace() == 0.0 and not strategy.certificate_fits()
+
+
 def test_rta_certifies_in_batches_sized_by_its_searches(monkeypatch):
     """The certificate's pass goes over the training set in batches of ``certificate_rows``: 1024 rows for the
     papers' label counts, 26 at delicious's 983 labels (10 trees, K up to 32), whose 1024-row batches took the

@@ -100,8 +100,10 @@ class Certified(Strategy):
 
     def certificate_grace(self) -> float:
         """How far past the time budget a certificate may end: half its expected time, at least
-        ``CERTIFICATE_GRACE_S``."""
-        return max(self.certificate_seconds() / 2, CERTIFICATE_GRACE_S)
+        ``CERTIFICATE_GRACE_S``; 0 where its time is unknown (a pass of a time no step has measured could run far
+        past the budget before its pace is known)."""
+        seconds = self.certificate_seconds()
+        return max(seconds / 2, CERTIFICATE_GRACE_S) if seconds > 0 else 0.0
 
     def warning(self) -> str | None:
         if self.unfit is not None:
