@@ -87,10 +87,10 @@ class Certified(Strategy):
                 self.unfit = self.unfit or f"not computed: {why}"
 
     def certificate_fits(self) -> bool:
-        """Whether a certificate now is expected to end by the time budget plus its grace (``certificate_grace``;
-        always, without a budget or an estimate of its time, and once the steps stopped to keep its time: the rest
-        of the epoch and the validation pass may have spent some of it); never again once a pass was cut at the
-        budget (``unfit``), and the steps then keep no time for one."""
+        """Whether a certificate now is expected to end by the time budget plus its grace (``certificate_grace``):
+        always without a budget, and once the steps stopped to keep its time (the rest of the epoch and the
+        validation pass may have spent some of it); while the budget lasts where its time is unknown (grace 0);
+        never again once a pass was cut at the budget (``unfit``), and the steps then keep no time for one."""
         return self.unfit is None and (self.reserved or not out_of_time(
             reserve=self.certificate_seconds() - self.certificate_grace()))
 
