@@ -118,7 +118,7 @@ def figure1(args: argparse.Namespace, out: Path) -> None:
                     certified = model.predict_with_certificate(x)[1]
                 rows.append({"dataset": data, "trees": T, "K": K, "K % of labels": round(100 * K / n, 1),
                              "certified %": round(100 * float(certified.float().mean()), 2),
-                             "margin": model.hparams.margin})
+                             "margin": model.margin})
                 print(rows[-1], flush=True)
             write_table(rows, Path(f"{out}_figure1"))
     plot_figure1(rows, Path(f"{out}_figure1.png"))

@@ -6,8 +6,8 @@ commands on that shape (``data=mulan data.root=<root> data.name=<name>``).
 
 Shapes (training rows, test rows, features, labels) follow Mulan's files; the rows come from
 ``structtorch.data.sparse_multilabel`` (sparse binary word features, Zipf-distributed labels with many rare ones,
-about 1.25 labels a row, or ``--cardinality``: Mulan's enron has 3.38, bibtex 2.40, corel5k 3.52). Written as sparse
-ARFF with ``{0,1}`` attributes and a label XML, as Mulan's text sets are.
+about 1.25 labels a row, or ``--cardinality``: Mulan's enron has 3.38, bibtex 2.40, corel5k 3.52, cal500 26.04).
+Written as sparse ARFF with ``{0,1}`` attributes and a label XML, as Mulan's text sets are.
 Timing and memory on these folders say what a learner does at that size; their accuracies say nothing of the real
 data's.
 """
@@ -21,8 +21,10 @@ import torch
 
 from structtorch.data import sparse_multilabel
 
+#: shape -> (training rows, test rows, features, labels); 0 test rows: one <name>.arff without a split, as Mulan's
+#: cal500 (the loader splits off 30% as the test set)
 SHAPES = {"medical": (333, 645, 1449, 45), "enron": (1123, 579, 1001, 53), "bibtex": (4880, 2515, 1836, 159),
-          "corel5k": (4500, 500, 499, 374)}
+          "corel5k": (4500, 500, 499, 374), "cal500": (502, 0, 68, 174)}
 
 
 def write_arff(path: Path, relation: str, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -37,15 +39,18 @@ def write_arff(path: Path, relation: str, x: torch.Tensor, y: torch.Tensor) -> N
 
 
 def write_dataset(root: Path, shape: str, seed: int = 0, cardinality: float = 1.25) -> Path:
-    """root/<shape>-like/ with <name>-train.arff, <name>-test.arff and <name>.xml, about ``cardinality`` labels a
-    row; returns the folder."""
+    """root/<shape>-like/ with <name>-train.arff, <name>-test.arff (or one <name>.arff where the shape has no test
+    rows) and <name>.xml, about ``cardinality`` labels a row; returns the folder."""
     train, test, D, L = SHAPES[shape]
     name = f"{shape}-like"
     x, y = sparse_multilabel(train + test, num_features=D, num_labels=L, seed=seed, cardinality=cardinality)
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
-    write_arff(folder / f"{name}-train.arff", name, x[:train], y[:train])
-    write_arff(folder / f"{name}-test.arff", name, x[train:], y[train:])
+    if test:
+        write_arff(folder / f"{name}-train.arff", name, x[:train], y[:train])
+        write_arff(folder / f"{name}-test.arff", name, x[train:], y[train:])
+    else:
+        write_arff(folder / f"{name}.arff", name, x, y)
     labels = "".join(f'<label name="label{j}"></label>\n' for j in range(L))
     (folder / f"{name}.xml").write_text('<?xml version="1.0" encoding="utf-8"?>\n'
                                         f'<labels xmlns="http://mulan.sourceforge.net/labels">\n{labels}</labels>\n')

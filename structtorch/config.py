@@ -132,7 +132,7 @@ class RTAConfig(ModelConfig):
     k_max: Any = None  # int or None: max(k, min(2 * number of labels, 32))
     seed: int = 0
     normalize: Any = "auto"  # row (x / |x|, the paper's) | global (x / rms row norm) | false | auto: CV of Independent
-    margin: str = "auto"  # hamming up to 22 labels, else zero_one (Def. 6: margin 1 against the worst violator)
+    margin: str = "auto"  # hamming up to 22 labels or at label density >= 0.05, else zero_one (Def. 6)
     bias_reg: float = 1.0
     independent_start: bool = True  # BCFW starts at the dual point of Independent's solution (product distributions)
 

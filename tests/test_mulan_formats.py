@@ -246,6 +246,25 @@ def test_mulan_like_writes_a_folder_the_cli_reads_as_the_synthetic_data(tmp_path
     assert torch.equal(data.x_train, x[:train]) and torch.equal(data.x_test, x[train:])
 
 
+def test_mulan_like_writes_one_file_for_a_shape_without_a_split(tmp_path: Path) -> None:
+    """A shape with no test rows (cal500's) is one <name>.arff; load_mulan splits 30% of its rows off as the test
+    set, every row in exactly one split."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "mulan_like.py"
+    spec = importlib.util.spec_from_file_location("mulan_like", path)
+    mulan_like = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mulan_like)
+    rows, test, D, L = mulan_like.SHAPES["cal500"]
+    assert test == 0
+    folder = mulan_like.write_dataset(tmp_path, "cal500", cardinality=26.04)
+    assert sorted(p.name for p in folder.iterdir()) == ["cal500-like.arff", "cal500-like.xml"]
+    data = load_mulan_splits("cal500-like", root=tmp_path, progress=False)
+    assert len(data.x_test) == round(0.3 * rows) and len(data.x_train) + len(data.x_test) == rows
+    assert data.x_train.shape[1] == D and data.y_train.shape[1] == L
+    assert abs(float(torch.cat([data.y_train, data.y_test]).sum(1).double().mean()) - 26.04) < 1.0
+
+
 @pytest.mark.parametrize("cardinality", [1.0, 1.25, 3.38])
 def test_sparse_multilabel_draws_about_cardinality_labels_a_row(cardinality: float) -> None:
     """The shape's label count: 1 + Poisson(cardinality - 1) labels a row (enron: 3.38), every row labelled."""

@@ -21,7 +21,7 @@ from structtorch.inference import ensemble_map, tree_kbest
 from structtorch.inference.kbest import ensemble_union
 from structtorch.learners import LEARNERS, RTA
 from structtorch.learners.base import StructuredLearner
-from structtorch.learners.rta import HAMMING_MAX_LABELS
+from structtorch.learners.rta import HAMMING_MAX_LABELS, HAMMING_MIN_DENSITY
 from structtorch.solvers import (
     BCFW,
     DualCD,
@@ -279,18 +279,20 @@ def test_rta_defaults_do_not_collapse_to_the_empty_set_on_many_rare_labels():
     assert metrics["test/example_f1"] > 0.55 and metrics["test/macro_f1"] > 0.1
 
 
-def test_rta_auto_l2_grows_with_the_labels_a_violator_flips_under_def_6_margin():
-    """model.l2=auto's lambda N: 2.5 / (n-1)^2 with the Hamming margin (0.1 up to 6 labels); with Def. 6's margin,
-    times the training rows' mean label count (at least 1), read when fitting starts. At delicious' 983 labels
-    (19 a row) the Hamming rule's lambda N of 2.6e-6 left BCFW's last iterate swinging (validation example F1 24.3,
-    24.5, 14.0 after three epochs; test 13.62 against Independent's 19.27)."""
+def test_rta_auto_l2_grows_with_the_labels_a_violator_flips_under_def_6_margin_or_many_labels():
+    """model.l2=auto's lambda N: 2.5 / (n-1)^2 with the Hamming margin up to HAMMING_MAX_LABELS labels (0.1 up to 6);
+    with Def. 6's margin, or more labels, times the training rows' mean label count (at least 1), read when fitting
+    starts. At delicious' 983 labels (19 a row) the Hamming rule's lambda N of 2.6e-6 left BCFW's last iterate
+    swinging (validation example F1 24.3, 24.5, 14.0 after three epochs; test 13.62 against Independent's 19.27); at
+    cal500's shape (174 labels, 26 a row, Hamming margin) it overfit: test F1 48.71 against 55.52 at 26 times."""
     def auto(n: int, cardinality: float = 1.0, **kwargs) -> float:
         model = RTA(4, n, **kwargs)
         model.label_cardinality = cardinality
         return model.auto_l2
 
     assert auto(4) == auto(6) == pytest.approx(0.1) and auto(19) == pytest.approx(2.5 / 18 ** 2)
-    assert auto(19, 4.0) == auto(19) and auto(200, 5.0, margin="hamming") == pytest.approx(2.5 / 199 ** 2)
+    assert auto(19, 4.0) == auto(19) and auto(200, 5.0, margin="hamming") == pytest.approx(5 * 2.5 / 199 ** 2)
+    assert auto(174, 26.0) == pytest.approx(26 * 2.5 / 173 ** 2)  # margin=auto: Hamming there (density 0.15)
     assert auto(HAMMING_MAX_LABELS + 1, 0.5) == pytest.approx(2.5 / HAMMING_MAX_LABELS ** 2)  # at least 1
     assert auto(983, 19.0) == pytest.approx(19 * 2.5 / 982 ** 2) and auto(10, 3.0, margin="zero_one") == 3 * auto(10)
     data = SyntheticDataModule(num_train=40, num_test=4, num_labels=HAMMING_MAX_LABELS + 2, val_fraction=0.0, seed=0)
@@ -300,6 +302,9 @@ def test_rta_auto_l2_grows_with_the_labels_a_violator_flips_under_def_6_margin()
     y = data.train_tensors[1].double()
     assert model.label_cardinality == pytest.approx(float(y.sum(1).mean())) and model.label_cardinality > 1
     assert model.l2_grid[0] == pytest.approx(model.label_cardinality * 2.5 / (data.num_labels - 1) ** 2 / 40)
+    # label density 0.55 >= HAMMING_MIN_DENSITY: margin=auto trained BCFW with the Hamming margin, and says so
+    assert model.label_cardinality / data.num_labels >= HAMMING_MIN_DENSITY
+    assert model.strategy.solver.margin == model.solver_report()["margin"] == "hamming"
 
 
 def test_rta_bad_input(small):
@@ -321,15 +326,21 @@ def test_rta_is_a_cli_learner():
     assert LEARNERS["rta"] is RTA
 
 
-@pytest.mark.parametrize("num_labels, margin, chosen", [(6, "auto", "hamming"), (HAMMING_MAX_LABELS, "auto", "hamming"),
-                                                        (HAMMING_MAX_LABELS + 1, "auto", "zero_one"),
-                                                        (45, "hamming", "hamming"), (6, "zero_one", "zero_one")])
-def test_rta_default_margin_is_hamming_up_to_its_label_count_then_zero_one(num_labels, margin, chosen):
-    """margin="auto" (the default; the CLI's too): the Hamming margin where it was measured to work, Def. 6's 0/1
-    margin with more labels, where the Hamming hinge predicted almost no label; a margin given is kept."""
-    assert RTA(8, num_labels, margin=margin).hparams.margin == chosen
-    assert RTA(8, num_labels).hparams.margin == RTA(8, num_labels, margin="auto").hparams.margin
-    assert RTAConfig().margin == "auto"
+@pytest.mark.parametrize("num_labels, cardinality, margin, chosen", [
+    (6, 1.0, "auto", "hamming"), (HAMMING_MAX_LABELS, 1.0, "auto", "hamming"),
+    (HAMMING_MAX_LABELS + 1, 1.0, "auto", "zero_one"),
+    (45, 1.24, "auto", "zero_one"), (53, 3.38, "auto", "hamming"), (174, 26.0, "auto", "hamming"),
+    (983, 19.0, "auto", "zero_one"), (45, 1.0, "hamming", "hamming"), (174, 26.0, "zero_one", "zero_one")])
+def test_rta_default_margin_is_hamming_up_to_its_label_count_or_at_a_label_density(num_labels, cardinality, margin,
+                                                                                  chosen):
+    """margin="auto" (the default; the CLI's too): the Hamming margin where it was measured to work (up to
+    HAMMING_MAX_LABELS labels, and above where the training rows' label density is HAMMING_MIN_DENSITY or more:
+    cal500's 26 of 174), Def. 6's 0/1 margin with more, rarer labels (medical's 1.24 of 45, delicious' 19 of 983);
+    a margin given is kept."""
+    model = RTA(8, num_labels, margin=margin)
+    model.label_cardinality = cardinality  # read from the training rows when fitting starts
+    assert model.margin == chosen and model.hparams.margin == margin
+    assert RTA(8, num_labels).hparams.margin == "auto" and RTAConfig().margin == "auto"
     with pytest.raises(ValueError, match=r"RTA: margin must be one of \('auto', 'hamming', 'zero_one'\)"):
         RTA(8, num_labels, margin="hinge")
 

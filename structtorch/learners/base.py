@@ -105,6 +105,8 @@ class StructuredLearner(L.LightningModule):
     auto_l2: float = 100.0
     #: model.l2=auto never regularises more than this (None: no cap)
     max_auto_l2: float | None = None
+    #: the values model.margin takes (RTA adds "auto")
+    MARGINS: tuple[str, ...] = BCFW.MARGINS
     #: DCD epochs at most in the start from Independent's solution (``independent_solution``)
     start_epochs: int = MAX_EPOCHS
 
@@ -133,8 +135,8 @@ class StructuredLearner(L.LightningModule):
         super().__init__()
         if loss not in ("hinge", "crf"):
             raise ValueError(f"loss must be 'hinge' or 'crf', got {loss!r}")
-        if margin not in BCFW.MARGINS:
-            raise ValueError(f"margin must be one of {BCFW.MARGINS}, got {margin!r}")
+        if margin not in self.MARGINS:
+            raise ValueError(f"{type(self).__name__}: margin must be one of {self.MARGINS}, got {margin!r}")
         if solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
         check_float(tol, "tol", 0.0)
@@ -251,7 +253,7 @@ class StructuredLearner(L.LightningModule):
         """Per-example training loss [B]; ``index`` [B] identifies the training examples (warm starts)."""
         if self.hparams.loss == "crf":
             return crf_nll(pot, y)
-        if self.hparams.margin == "zero_one":
+        if self.margin == "zero_one":
             return zero_one_hinge(pot, y, self.worst_violator, self.hparams.margin_scale)
         return structured_hinge(pot, y, self._train_max, self.hparams.margin_scale)
 
@@ -269,6 +271,11 @@ class StructuredLearner(L.LightningModule):
     def worst_violator(self, pot: Potentials, y: torch.Tensor) -> torch.Tensor:
         """The best assignment other than y [*B, n] (margin="zero_one"); default: ``tree_kbest`` with k = 1."""
         return tree_kbest(pot, 1, exclude=y)[1][..., 0, :]
+
+    @property
+    def margin(self) -> str:
+        """The hinge's margin, "hamming" or "zero_one" (model.margin; RTA resolves "auto" from the training labels)."""
+        return self.hparams.margin
 
     @property
     def l2_grid(self) -> list[float]:

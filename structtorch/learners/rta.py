@@ -15,7 +15,8 @@ keep K = k): ``margin="zero_one"``.
 The default, ``margin="auto"``, takes ``margin="hamming"`` up to ``HAMMING_MAX_LABELS`` labels: the margin rescaled
 by the Hamming distance (the loss-augmented max is then ``ensemble_map`` on Hamming-augmented potentials), the variant
 that reproduces the paper's microlabel losses on emotions and yeast here (experiments/results/rta_table1.md).
-Above that it takes Def. 6's 0/1 margin. Prediction is ``ensemble_map`` with the same adaptive K.
+Above that it takes Def. 6's 0/1 margin where the training rows' label density (mean label count / n) is below
+``HAMMING_MIN_DENSITY``, the Hamming margin where it is not. Prediction is ``ensemble_map`` with the same adaptive K.
 
 Logged: the fraction of training (per epoch), validation and test examples whose inference Lemma 7
 certified, and the mean K used; the ensemble's edge frequencies as a picture.
@@ -58,12 +59,20 @@ SEARCH_ELEMENTS = 2**23
 #: labels: not measured. On delicious (983) neither works: 0.1 F1 (Hamming), 10.7 F1 at 84.0 Hamming accuracy (0/1).
 HAMMING_MAX_LABELS = 22
 
+#: margin="auto" above HAMMING_MAX_LABELS labels: the Hamming margin where the training rows' label density (mean label
+#: count / n) is at least this, Def. 6's 0/1 margin below. CLI runs (``scripts/mulan_like.py``, lambda = c times the
+#: Hamming rule, test subset / example F1, 0/1 against Hamming margin): cal500's shape (174 labels, 26 a row, density
+#: 0.15) 0.00 / 46.83 against 0.00 / 55.52 (Independent 54.87); enron's with its 3.38 labels a row (53, density 0.064)
+#: 59.93 / 90.31 against 61.66 / 91.25; medical's (45 labels, density 0.028) 50.23 / 58.87 against 48.53 / 57.45
+#: (Independent 50.4 / 58.7). Delicious (0.019), bibtex (0.015) and corel5k (0.009) stay below it.
+HAMMING_MIN_DENSITY = 0.05
+
 #: normalize="auto": the feature maps compared by a 3-fold CV of Independent's SVMs on the training rows, by held-out
 #: subset accuracy plus example F1. On 2,000 of tmc2007's 19,367 rows it chose "global", on all of them "row" (as
 #: Independent on the test file: 25.4 / 60.7 subset / F1 against 24.8 / 60.0; RTA 26.2 / 62.0 against 24.4 / 60.6).
 FEATURE_CV_FOLDS, FEATURE_CV_METRICS = 3, ("subset_acc", "example_f1")
 
-__all__ = ["HAMMING_MAX_LABELS", "MAM", "RTA"]
+__all__ = ["HAMMING_MAX_LABELS", "HAMMING_MIN_DENSITY", "MAM", "RTA"]
 
 
 class RTA(StructuredLearner):
@@ -85,7 +94,8 @@ class RTA(StructuredLearner):
             standardised sparse binary ones, whose rare columns dominate |x| (enron's shape 75.5 / 82.6 against
             68.6 / 75.4, bibtex's 85.4 / 89.3 against 80.8 / 85.9).
         margin: "hamming" (margin = Hamming distance), "zero_one" (Def. 6: margin 1 against the worst violator) or
-            "auto" (the default): "hamming" up to ``HAMMING_MAX_LABELS`` labels, "zero_one" above.
+            "auto" (the default): "hamming" up to ``HAMMING_MAX_LABELS`` labels, above that "zero_one" where the
+            training rows' label density is below ``HAMMING_MIN_DENSITY``, "hamming" where it is not (``margin``).
         l2: lambda above (a number, or a grid chosen by CV); "auto" (default): ``auto_l2`` / N with
             ``auto_l2`` = 2.5 / (n-1)^2 (0.1 at n = 6 labels: 1e-4 at N = 1000, rta_table1's protocol).
         bias_reg: the biases' regulariser relative to l2: 1, a constant input of the same norm as varphi(x)
@@ -100,25 +110,42 @@ class RTA(StructuredLearner):
     #: epochs at 32 labels, 90 at 64, 175 at 128, 350 at 256, 655 at 512), so without a cap the set-up grew as n^2
     #: (bench_scale, 512 labels: 168 s of a 269 s cell). Up to about 64 labels the fits end by their tolerance first.
     start_epochs = 100
+    MARGINS = ("auto", *BCFW.MARGINS)
+
+    @property
+    def margin(self) -> str:
+        """model.margin, with "auto" resolved: "hamming" up to ``HAMMING_MAX_LABELS`` labels or where the training
+        rows' label density (``label_cardinality`` / n, read when fitting starts) is at least ``HAMMING_MIN_DENSITY``,
+        else "zero_one" (Def. 6)."""
+        n, margin = self.hparams.num_labels, self.hparams.margin
+        if margin != "auto":
+            return margin
+        dense = n <= HAMMING_MAX_LABELS or self.label_cardinality / n >= HAMMING_MIN_DENSITY
+        return "hamming" if dense else "zero_one"
 
     @property
     def auto_l2(self) -> float:
-        """model.l2=auto: lambda = 2.5 / ((n-1)^2 N) with the Hamming margin, 0.1 / N up to 6 labels. Unit-norm
+        """model.l2=auto: lambda = 2.5 / ((n-1)^2 N) with the Hamming margin up to ``HAMMING_MAX_LABELS`` labels,
+        0.1 / N up to 6 labels. Unit-norm
         joint features spread over the n-1 edges of each tree, and the Hamming margin grows with n, so the weight a
         lambda gives the margins falls with n: the best lambda N on validation splits (70/30 of the training file)
         fell from about 0.03-0.1 at 6-7 labels (emotions, flags) to 0.015 at 14 (yeast) and under 0.008 at 19
         (birds, where 0.1 trained a model predicting no label). Anchored at rta_table1's 1e-4 for N = 1000 and 6
         labels; not extrapolated upwards below 6 labels (no evidence there).
 
-        With Def. 6's margin, times the training rows' mean label count c (``label_cardinality``, at least 1). In
+        With Def. 6's margin, or above ``HAMMING_MAX_LABELS`` labels, times the training rows' mean label count c
+        (``label_cardinality``, at least 1). In
         the dual a violator flipping d labels adds d to the linear term under the Hamming margin and 1 under Def. 6,
         against about d in the quadratic term (its joint features) in both: the same balance needs lambda N about d
         times larger, and a row's violators flip about as many labels as it has. Delicious (983 labels, c = 19),
         test subset / example F1: 0.00 / 13.62 at the Hamming rule (its last iterate swinging between epochs:
         validation F1 24.3, 24.5, 14.0), 0.00 / 21.28 at c times it, 23.70 at 45 times, 24.43 at 100 times;
         medical's shape (45 labels, c = 1.24, ``scripts/mulan_like.py``) 50.23 / 58.87 at 1 times, 46.82 / 56.04 at
-        2 times."""
-        scale = 1.0 if self.hparams.margin == "hamming" else max(1.0, self.label_cardinality)
+        2 times. With the Hamming margin above ``HAMMING_MAX_LABELS`` labels too: at cal500's shape (174 labels,
+        c = 26) 0.00 / 48.71 at 1 times (predicting the labels about as often as they occur: an overfit), 0.00 / 55.52
+        at c times; at enron's (53, c = 3.4) 61.83 / 91.41 and 61.66 / 91.25."""
+        n = self.hparams.num_labels
+        scale = 1.0 if self.margin == "hamming" and n <= HAMMING_MAX_LABELS else max(1.0, self.label_cardinality)
         return 2.5 * scale / max(self.hparams.num_labels - 1, 5) ** 2
 
     def __init__(self, num_features: int, num_labels: int, num_trees: int = 10, k: int = 8,
@@ -131,10 +158,6 @@ class RTA(StructuredLearner):
         k_max = max(k, min(2 * num_labels, 32)) if k_max is None else k_max
         check_int(k_max, "RTA: k_max", k, expected=f"an int >= k={k}")
         self._trees = random_spanning_trees(num_labels, num_trees, torch.Generator().manual_seed(seed))
-        if margin not in ("auto", *BCFW.MARGINS):
-            raise ValueError(f"RTA: margin must be one of {('auto', *BCFW.MARGINS)}, got {margin!r}")
-        if margin == "auto":
-            margin = "hamming" if num_labels <= HAMMING_MAX_LABELS else "zero_one"
         super().__init__(num_features, num_labels, margin=margin, l2=l2, bias_reg=bias_reg, **kwargs)
         self.save_hyperparameters({"k_max": k_max, "independent_start": independent_start})
         self.oracle = EnsembleOracle(k, k_max)  # the certificate's; counts the certified searches of training
@@ -144,7 +167,7 @@ class RTA(StructuredLearner):
         self.certified = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
         self.mean_k = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
         self.feature_choice: dict[str, Any] | None = None  # choose_feature_map's report
-        self.label_cardinality = 1.0  # the training rows' mean label count (``auto_l2``), set when fitting starts
+        self.label_cardinality = 1.0  # the training rows' mean label count (``auto_l2``, ``margin``), set in fit
 
     def build_energy(self) -> TreeEnsembleEnergy:
         normalize = "row" if self.hparams.normalize == "auto" else self.hparams.normalize  # until the fit chooses
@@ -152,13 +175,17 @@ class RTA(StructuredLearner):
                                   num_models=self.num_models)
 
     def setup(self, stage: str) -> None:
-        """Fitting: the training rows' ``label_cardinality`` (for model.l2=auto), the base's set-up, then
-        (normalize="auto") ``choose_feature_map`` on the training set. A resumed fit's checkpoint then restores the
-        map it trained with."""
+        """Fitting: the training rows' ``label_cardinality`` (for model.margin=auto and model.l2=auto), the base's
+        set-up, then (normalize="auto") ``choose_feature_map`` on the training set. A resumed fit's checkpoint then
+        restores the map it trained with."""
         if stage != "fit":
             return super().setup(stage)
         x, y = training_set(self.trainer)  # once here (a plain train loader is read whole at each call)
         self.label_cardinality = float(y.sum(1, dtype=torch.float64).mean())
+        n = self.hparams.num_labels
+        if self.hparams.margin == "auto" and n > HAMMING_MAX_LABELS:
+            rank_zero_info(f"RTA: margin=auto chose {self.margin!r} (label density {self.label_cardinality / n:.3g} "
+                           f"{'>=' if self.margin == 'hamming' else '<'} {HAMMING_MIN_DENSITY} at {n} labels)")
         super().setup(stage)
         if self.hparams.normalize == "auto":
             self.feature_choice = self.choose_feature_map(x, y)
@@ -280,8 +307,9 @@ class RTA(StructuredLearner):
 
     def solver_report(self) -> dict[str, Any]:
         """The strategy's report (BCFW: with the K-best searches of its certificate under inference.train, of its
-        steps under inference.steps) and the mean K of the validation and test predictions."""
-        report = super().solver_report()
+        steps under inference.steps), the margin it trained with and the mean K of the validation and test
+        predictions."""
+        report = super().solver_report() | {"margin": self.margin}
         report["inference"] = {"train": {}, **report.get("inference", {}),
                                **{s: {"mean_k": float(self.mean_k[s].compute()) if self.mean_k[s].update_count
                                       else None} for s in ("val", "test")}}

@@ -131,9 +131,9 @@ class LBFGSStrategy(Certified):
     def check(self) -> None:
         super().check()
         learner, hp = self.learner, self.learner.hparams
-        if hp.margin != "hamming":
-            raise ValueError(f"solver=lbfgs smooths the Hamming-margin hinge; margin={hp.margin} needs solver=bcfw "
-                             f"(or adam)")
+        if learner.margin != "hamming":
+            raise ValueError(f"solver=lbfgs smooths the Hamming-margin hinge; margin={learner.margin} needs "
+                             f"solver=bcfw (or adam)")
         if learner.smoothed_max() is None:
             raise ValueError(f"solver=lbfgs needs a smoothed training max; {type(learner).__name__} with "
                              f"train_inference={hp.get('train_inference', 'a callable')} on {learner.graph} has "
@@ -198,7 +198,7 @@ class DCDStrategy(Certified):
         """Whether ``learner``'s objective is one linear SVM per label: an energy without pairwise terms
         (``DualCD.supports``), the hinge with the Hamming margin at margin_scale 1."""
         hp = learner.hparams
-        return hp.loss == "hinge" and hp.margin == "hamming" and hp.margin_scale == 1.0 and DualCD.supports(
+        return hp.loss == "hinge" and learner.margin == "hamming" and hp.margin_scale == 1.0 and DualCD.supports(
             learner.energy)
 
     def check(self) -> None:
@@ -207,7 +207,7 @@ class DCDStrategy(Certified):
         if not self.solves(learner):
             raise ValueError(f"solver=dcd solves one linear SVM per label: an energy without pairwise terms "
                              f"(Independent) and loss=hinge, margin=hamming, margin_scale=1; "
-                             f"{type(learner).__name__} with loss={hp.loss}, margin={hp.margin}, margin_scale="
+                             f"{type(learner).__name__} with loss={hp.loss}, margin={learner.margin}, margin_scale="
                              f"{hp.margin_scale} on {learner.graph} needs solver=lbfgs or bcfw")
 
     def setup(self, x: torch.Tensor, y: torch.Tensor, state: dict[str, Any] | None = None) -> None:
@@ -261,7 +261,7 @@ class BCFWStrategy(Certified):
         loaded = [p.detach().clone() for p in learner.energy.parameters()]
         self.solver = BCFW(learner.energy, len(self.x), lam, oracle=learner.bcfw_oracle(),
                            margin_scale=hp.margin_scale, bias_reg=learner.bias_reg, tol=hp.tol, mask=mask,
-                           margin=hp.margin, averaging=hp.bcfw_averaging,
+                           margin=learner.margin, averaging=hp.bcfw_averaging,
                            step_oracle=learner.bcfw_step_oracle())  # from w = 0 = w(mu) of its starting dual point
         self.search_stats: dict[str, dict[str, float]] = {}  # "train" / "steps": the last epoch's that searched
         self.step_seconds, self.step_rows, self.warmed_up, self.batch_rows = 0.0, 0, False, 1
