@@ -340,6 +340,11 @@ def test_rta_default_margin_is_hamming_up_to_its_label_count_or_at_a_label_densi
     model = RTA(8, num_labels, margin=margin)
     model.label_cardinality = cardinality  # read from the training rows when fitting starts
     assert model.margin == chosen and model.hparams.margin == margin
+    checkpoint = {"state_dict": {}}
+    model.on_save_checkpoint(checkpoint)
+    loaded = RTA(8, num_labels, margin=margin)
+    loaded.on_load_checkpoint(checkpoint)  # a checkpoint keeps the choice (a test-only run reads no training rows)
+    assert loaded.margin == chosen
     assert RTA(8, num_labels).hparams.margin == "auto" and RTAConfig().margin == "auto"
     with pytest.raises(ValueError, match=r"RTA: margin must be one of \('auto', 'hamming', 'zero_one'\)"):
         RTA(8, num_labels, margin="hinge")

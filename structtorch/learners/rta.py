@@ -126,27 +126,25 @@ class RTA(StructuredLearner):
     @property
     def auto_l2(self) -> float:
         """model.l2=auto: lambda = 2.5 / ((n-1)^2 N) with the Hamming margin up to ``HAMMING_MAX_LABELS`` labels,
-        0.1 / N up to 6 labels. Unit-norm
-        joint features spread over the n-1 edges of each tree, and the Hamming margin grows with n, so the weight a
-        lambda gives the margins falls with n: the best lambda N on validation splits (70/30 of the training file)
-        fell from about 0.03-0.1 at 6-7 labels (emotions, flags) to 0.015 at 14 (yeast) and under 0.008 at 19
-        (birds, where 0.1 trained a model predicting no label). Anchored at rta_table1's 1e-4 for N = 1000 and 6
-        labels; not extrapolated upwards below 6 labels (no evidence there).
+        0.1 / N up to 6 labels. Unit-norm joint features spread over the n-1 edges of each tree, and the Hamming
+        margin grows with n, so the weight a lambda gives the margins falls with n: the best lambda N on validation
+        splits (70/30 of the training file) fell from about 0.03-0.1 at 6-7 labels (emotions, flags) to 0.015 at 14
+        (yeast) and under 0.008 at 19 (birds, where 0.1 trained a model predicting no label). Anchored at
+        rta_table1's 1e-4 for N = 1000 and 6 labels; not extrapolated upwards below 6 labels (no evidence there).
 
         With Def. 6's margin, or above ``HAMMING_MAX_LABELS`` labels, times the training rows' mean label count c
-        (``label_cardinality``, at least 1). In
-        the dual a violator flipping d labels adds d to the linear term under the Hamming margin and 1 under Def. 6,
-        against about d in the quadratic term (its joint features) in both: the same balance needs lambda N about d
-        times larger, and a row's violators flip about as many labels as it has. Delicious (983 labels, c = 19),
-        test subset / example F1: 0.00 / 13.62 at the Hamming rule (its last iterate swinging between epochs:
-        validation F1 24.3, 24.5, 14.0), 0.00 / 21.28 at c times it, 23.70 at 45 times, 24.43 at 100 times;
-        medical's shape (45 labels, c = 1.24, ``scripts/mulan_like.py``) 50.23 / 58.87 at 1 times, 46.82 / 56.04 at
-        2 times. With the Hamming margin above ``HAMMING_MAX_LABELS`` labels too: at cal500's shape (174 labels,
-        c = 26) 0.00 / 48.71 at 1 times (predicting the labels about as often as they occur: an overfit), 0.00 / 55.52
-        at c times; at enron's (53, c = 3.4) 61.83 / 91.41 and 61.66 / 91.25."""
+        (``label_cardinality``, at least 1). In the dual a violator flipping d labels adds d to the linear term under
+        the Hamming margin and 1 under Def. 6, against about d in the quadratic term (its joint features) in both:
+        the same balance needs lambda N about d times larger, and a row's violators flip about as many labels as it
+        has. Delicious (983 labels, c = 19), test subset / example F1: 0.00 / 13.62 at the Hamming rule (its last
+        iterate swinging between epochs: validation F1 24.3, 24.5, 14.0), 0.00 / 21.28 at c times it, 23.70 at 45
+        times, 24.43 at 100 times; medical's shape (45 labels, c = 1.24, ``scripts/mulan_like.py``) 50.23 / 58.87 at
+        1 times, 46.82 / 56.04 at 2 times. With the Hamming margin above ``HAMMING_MAX_LABELS`` labels too: at
+        cal500's shape (174 labels, c = 26) 0.00 / 48.71 at 1 times (predicting the labels about as often as they
+        occur: an overfit), 0.00 / 55.52 at c times; at enron's (53, c = 3.4) 61.83 / 91.41 and 61.66 / 91.25."""
         n = self.hparams.num_labels
         scale = 1.0 if self.margin == "hamming" and n <= HAMMING_MAX_LABELS else max(1.0, self.label_cardinality)
-        return 2.5 * scale / max(self.hparams.num_labels - 1, 5) ** 2
+        return 2.5 * scale / max(n - 1, 5) ** 2
 
     def __init__(self, num_features: int, num_labels: int, num_trees: int = 10, k: int = 8,
                  k_max: int | None = None, seed: int = 0, normalize: bool | str = "auto", margin: str = "auto",
@@ -316,8 +314,14 @@ class RTA(StructuredLearner):
         return report
 
     # ------------------------------------------------------------------ structure
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """As the base's, with the training rows' ``label_cardinality`` (model.margin=auto's choice)."""
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["structtorch"]["label_cardinality"] = self.label_cardinality
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
+        self.label_cardinality = checkpoint.get("structtorch", {}).get("label_cardinality", self.label_cardinality)
         weights = checkpoint.get("state_dict", {})
         if "energy.feature_map_index" not in weights:  # written before the feature maps: x / |x| or x as given
             weights["energy.feature_map_index"] = self.energy.feature_map_index.new_tensor(
