@@ -226,17 +226,23 @@ def test_real_flags_nominals_are_one_hot() -> None:
         assert torch.equal(block.sum(1), torch.ones(len(x)))
 
 
+def _mulan_like_script():
+    """scripts/mulan_like.py as a module (scripts/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mulan_like",
+                                                  Path(__file__).resolve().parents[1] / "scripts" / "mulan_like.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_mulan_like_writes_a_folder_the_cli_reads_as_the_synthetic_data(tmp_path: Path) -> None:
     """scripts/mulan_like.py: a Mulan-shaped folder (sparse ARFF, {0,1} attributes, label XML) that load_mulan reads
     back as exactly the rows of sparse_multilabel, split as the shape says."""
-    import importlib.util
-
     from structtorch.data import sparse_multilabel
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "mulan_like.py"
-    spec = importlib.util.spec_from_file_location("mulan_like", path)
-    mulan_like = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mulan_like)
+    mulan_like = _mulan_like_script()
     train, test, D, L = mulan_like.SHAPES["medical"]
     mulan_like.write_dataset(tmp_path, "medical", seed=3)
     data = load_mulan_splits("medical-like", root=tmp_path, progress=False)
@@ -249,12 +255,7 @@ def test_mulan_like_writes_a_folder_the_cli_reads_as_the_synthetic_data(tmp_path
 def test_mulan_like_writes_one_file_for_a_shape_without_a_split(tmp_path: Path) -> None:
     """A shape with no test rows (cal500's) is one <name>.arff; load_mulan splits 30% of its rows off as the test
     set, every row in exactly one split."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "mulan_like.py"
-    spec = importlib.util.spec_from_file_location("mulan_like", path)
-    mulan_like = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mulan_like)
+    mulan_like = _mulan_like_script()
     rows, test, D, L = mulan_like.SHAPES["cal500"]
     assert test == 0
     folder = mulan_like.write_dataset(tmp_path, "cal500", cardinality=26.04)

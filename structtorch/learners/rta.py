@@ -117,11 +117,16 @@ class RTA(StructuredLearner):
         """model.margin, with "auto" resolved: "hamming" up to ``HAMMING_MAX_LABELS`` labels or where the training
         rows' label density (``label_cardinality`` / n, read when fitting starts) is at least ``HAMMING_MIN_DENSITY``,
         else "zero_one" (Def. 6)."""
-        n, margin = self.hparams.num_labels, self.hparams.margin
+        margin = self.hparams.margin
         if margin != "auto":
             return margin
-        dense = n <= HAMMING_MAX_LABELS or self.label_cardinality / n >= HAMMING_MIN_DENSITY
+        dense = self.hparams.num_labels <= HAMMING_MAX_LABELS or self.label_density >= HAMMING_MIN_DENSITY
         return "hamming" if dense else "zero_one"
+
+    @property
+    def label_density(self) -> float:
+        """The training rows' mean label count over the number of labels, c / n (1 / n before fitting)."""
+        return self.label_cardinality / self.hparams.num_labels
 
     @property
     def auto_l2(self) -> float:
@@ -182,8 +187,9 @@ class RTA(StructuredLearner):
         self.label_cardinality = float(y.sum(1, dtype=torch.float64).mean())
         n = self.hparams.num_labels
         if self.hparams.margin == "auto" and n > HAMMING_MAX_LABELS:
-            rank_zero_info(f"RTA: margin=auto chose {self.margin!r} (label density {self.label_cardinality / n:.3g} "
-                           f"{'>=' if self.margin == 'hamming' else '<'} {HAMMING_MIN_DENSITY} at {n} labels)")
+            margin = self.margin
+            rank_zero_info(f"RTA: margin=auto chose {margin!r} (label density {self.label_density:.3g} "
+                           f"{'>=' if margin == 'hamming' else '<'} {HAMMING_MIN_DENSITY} at {n} labels)")
         super().setup(stage)
         if self.hparams.normalize == "auto":
             self.feature_choice = self.choose_feature_map(x, y)
