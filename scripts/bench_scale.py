@@ -15,8 +15,8 @@ Printed: each learner's growth exponent, the slope of log(time) against log(n) o
 that finished (1: linear; memory: of the peak above a process that only imports the command). Writes
 scripts/results/bench_scale.json and bench_scale.png. Sizes that do not finish in ``--timeout`` seconds say so in
 their row, and the larger sizes of that axis are not tried. ``--update`` reruns only the learners named and keeps
-the other learners' rows and exponents of the existing JSON (rows measured now have a date; the meta record's
-``kept_rows_measured_on`` is the earlier run's).
+the other learners' rows and exponents of the existing JSON (every row has the date it was measured on; the meta
+record's ``kept_rows`` names the learners whose rows were kept).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def main() -> None:
         print(f"{model:<14}{axis:<8}{fmt[0]:>15}{fmt[1]:>17}")
     write_results(args.out, rows, torch.device("cpu"), sections={"exponents": exponents},
                   label_rows=args.label_rows, timeout=args.timeout, baseline_mb=round(base),
-                  **({"kept_rows_measured_on": previous["meta"]} if previous else {}))
+                  **({"kept_rows": sorted({r["model"] for r in rows} - set(args.models))} if previous else {}))
     plot(rows, Path(args.out).with_suffix(".png"))
 
 
