@@ -1,10 +1,10 @@
-"""The matrix's comparison with Independent on K folds of each training file, where a small test file decides it by a
-row or two.
+"""Every learner with its defaults against Independent on K folds of each training file (the test file unused).
 
     python experiments/matrix_cv.py [--datasets flags emotions birds] [--models mam tree_crf ...] [--folds 5] [--update]
                                     [--out experiments/results/matrix_cv]
 
-``matrix.md`` scores each learner once, on the dataset's test file: flags has 65 test rows (a row is 1.5 points of
+``matrix.md`` scores each learner once, on the dataset's test file, which can decide the comparison with Independent
+by a row or two: flags has 65 test rows (a row is 1.5 points of
 subset accuracy), birds 323. Here each learner runs with its defaults (the CLI's time budget included) on each fold
 k of a ``--folds``-fold split of the training file, trained on the other folds and tested on fold k
 (``data.num_folds`` / ``data.fold`` / ``data.fold_pool=train``; the test file is not read). Each row: the mean over
