@@ -4,13 +4,12 @@
                                     [--out experiments/results/matrix_cv]
 
 ``matrix.md`` scores each learner once, on the dataset's test file, which can decide the comparison with Independent
-by a row or two: flags has 65 test rows (a row is 1.5 points of
-subset accuracy), birds 323. Here each learner runs with its defaults (the CLI's time budget included) on each fold
-k of a ``--folds``-fold split of the training file, trained on the other folds and tested on fold k
-(``data.num_folds`` / ``data.fold`` / ``data.fold_pool=train``; the test file is not read). Each row: the mean over
-folds of the held-out Hamming / subset / example-F1 accuracy (%), each fold's subset accuracy and example F1, and
-the mean paired difference to Independent on the same folds with 2 standard errors (over folds). Writes <out>.csv and
-<out>.md; ``--update`` keeps the rows not rerun.
+by a row or two: flags has 65 test rows (a row is 1.5 points of subset accuracy), birds 323. Here each learner runs
+with its defaults (the CLI's time budget included) on each fold k of a ``--folds``-fold split of the training file,
+trained on the other folds and tested on fold k (``data.num_folds`` / ``data.fold`` / ``data.fold_pool=train``; the
+test file is not read). Each row: the mean over folds of the held-out Hamming / subset / example-F1 accuracy (%),
+each fold's subset accuracy and example F1, and the mean paired difference to Independent on the same folds with 2
+standard errors (over folds). Writes <out>.csv and <out>.md; ``--update`` keeps the rows not rerun.
 """
 
 from __future__ import annotations
