@@ -144,6 +144,7 @@ class MAMConfig(ModelConfig):
     num_trees: int = 10
     seed: int = 0
     independent_start: bool = True  # every tree starts at Independent's solution, its edge tables 0
+    edge_l2: float = 4.0  # the edge tables' l2 weight relative to the node tables' (learners.rta.EDGE_L2)
 
 
 @dataclass

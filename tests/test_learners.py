@@ -584,6 +584,40 @@ def test_finley_joachims_block_gram_equals_autograd(spin):
     torch.testing.assert_close(summed, (nodes.sum(0), edges.sum(0)))
 
 
+@pytest.mark.parametrize("input_dependent", [False, True])
+@pytest.mark.parametrize("pairwise_l2", [1.0, 4.0])
+def test_table_block_gram_equals_autograd_and_pairwise_l2_reparametrises(input_dependent, pairwise_l2):
+    """LinearTableEnergy's block_gram parts sum to the autograd Gram of the per-example gradients of <pot(x_b), d_b>
+    (biases weighted by bias_scale), also with ``pairwise_l2`` = r != 1, whose pairwise potentials are the pairwise
+    parameters' times r^(-1/2): the same potentials as r = 1 with those parameters divided by sqrt(r)."""
+    torch.manual_seed(2)
+    B, D, n, K, bias_scale = 4, 3, 4, 3, 5.0
+    energy = LinearTableEnergy(D, n, K, Graph.chain(n), input_dependent, pairwise_l2=pairwise_l2).double()
+    with torch.no_grad():
+        for p in energy.parameters():
+            p.normal_()
+    x = torch.randn(B, D, dtype=torch.float64)
+    d_u, d_p = torch.randn(B, n, K, dtype=torch.float64), torch.randn(B, n - 1, K, K, dtype=torch.float64)
+    named = list(energy.named_parameters())
+    grads = []
+    for b in range(B):
+        pot = energy(x[b:b + 1])
+        inner = (pot.unary[0] * d_u[b]).sum() + (pot.pairwise.reshape(n - 1, K, K) * d_p[b]).sum()
+        g = torch.autograd.grad(inner, [p for _, p in named])
+        grads.append(torch.cat([a.flatten() * (bias_scale ** 0.5 if name.endswith("bias") else 1.0)
+                                for (name, _), a in zip(named, g)]))
+    gram = torch.stack(grads) @ torch.stack(grads).T
+    nodes, edges = energy.block_gram(x, d_u, d_p, bias_scale)
+    torch.testing.assert_close(nodes.sum(0) + edges.sum(0), gram)
+    plain = LinearTableEnergy(D, n, K, Graph.chain(n), input_dependent).double()
+    with torch.no_grad():
+        for (name, p), q in zip(named, plain.parameters()):
+            q.copy_(p / pairwise_l2 ** 0.5 if name.startswith(("pairwise", "table")) else p)
+    torch.testing.assert_close(plain(x).pairwise, energy(x).pairwise)
+    with pytest.raises(ValueError, match="pairwise_l2 must be a finite number > 0, got 0"):
+        LinearTableEnergy(D, n, K, pairwise_l2=0)
+
+
 @pytest.mark.parametrize("kind", ["table", "ensemble"])
 @pytest.mark.parametrize("models", [None, 2])
 def test_block_gram_summed_is_the_sum_of_its_parts(kind, models):

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from ..graph import Graph, check_bool, check_int
+from ..graph import Graph, check_bool, check_float, check_int
 from ..potentials import Potentials
 from .base import Energy
 
@@ -142,14 +142,20 @@ class LinearTableEnergy(Energy):
     Potentials: unary [B, n, K], pairwise [E, K, K] (constant) or [B, E, K, K] (input-dependent).
     With ``num_models=M``: every parameter gets a leading [M] dim; unary [M, B, n, K], pairwise
     [M, 1, E, K, K] (constant) or [M, B, E, K, K] (input-dependent).
+
+    ``pairwise_l2`` (r > 0) weights the pairwise parameters' l2 against the unary ones' by reparametrisation: the
+    pairwise potentials are the pairwise parameters' times r^(-1/2), so lambda/2 |V|^2 on the parameters is
+    lambda r / 2 |V'|^2 on the effective tables V' = V / sqrt(r), with every solver and its certificate unchanged.
     """
 
     is_linear = True
 
     def __init__(self, num_features: int, num_labels: int, num_states: int = 2, graph: Graph | None = None,
-                 input_dependent_pairwise: bool = False, num_models: int | None = None) -> None:
+                 input_dependent_pairwise: bool = False, num_models: int | None = None, pairwise_l2: float = 1.0
+                 ) -> None:
         super().__init__()
         check_num_models(num_models)
+        self.pairwise_scale = check_float(pairwise_l2, "pairwise_l2", 0.0, finite=True) ** -0.5
         self.graph = as_graph(graph, num_labels)
         self.num_states = num_states
         self.num_models = num_models
@@ -179,7 +185,7 @@ class LinearTableEnergy(Energy):
             pair = p.view(*p.shape[:-1], E, K, K)
         else:
             pair = self.table if self.num_models is None else self.table.unsqueeze(1)
-        return Potentials(unary, pair, self.graph)
+        return Potentials(unary, pair * self.pairwise_scale if self.pairwise_scale != 1.0 else pair, self.graph)
 
     def restrict(self, mask: torch.Tensor) -> None:
         """Keep the edges where ``mask`` [E] is True, with their tables (or their input-dependent rows)."""
@@ -207,5 +213,5 @@ class LinearTableEnergy(Energy):
         feat = feature_gram(x, bias_scale)
         out = "" if summed else "p"  # p: the node or edge index
         nodes = torch.einsum(f"...bpa,...cpa->...{out}bc", d_unary, d_unary) * feat
-        pair = torch.einsum(f"...bpij,...cpij->...{out}bc", d_pair, d_pair)
+        pair = torch.einsum(f"...bpij,...cpij->...{out}bc", d_pair, d_pair) * self.pairwise_scale ** 2
         return nodes, pair * feat if self.input_dependent_pairwise else pair
