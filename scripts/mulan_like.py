@@ -7,7 +7,8 @@ commands on that shape (``data=mulan data.root=<root> data.name=<name>``).
 Shapes (training rows, test rows, features, labels) follow Mulan's files; the rows come from
 ``structtorch.data.sparse_multilabel`` (sparse binary word features, Zipf-distributed labels with many rare ones,
 about 1.25 labels a row, as genbase, or ``--cardinality``: Mulan's enron has 3.38, bibtex 2.40, corel5k 3.52, cal500
-26.04, foodtruck 2.29). Foodtruck's 21 features are survey answers (nominal and numeric), here binary.
+26.04, foodtruck 2.29, rcv1subset1 2.88). Foodtruck's 21 features are survey answers (nominal and numeric), here
+binary; rcv1subset's 47,236 are tf-idf weights in Mulan's, here binary, about 19 a row.
 Written as sparse ARFF with ``{0,1}`` attributes and a label XML, as Mulan's text sets are.
 Timing and memory on these folders say what a learner does at that size; their accuracies say nothing of the real
 data's.
@@ -26,7 +27,7 @@ from structtorch.data import sparse_multilabel
 #: cal500 (the loader splits off 30% as the test set)
 SHAPES = {"medical": (333, 645, 1449, 45), "enron": (1123, 579, 1001, 53), "bibtex": (4880, 2515, 1836, 159),
           "corel5k": (4500, 500, 499, 374), "cal500": (502, 0, 68, 174), "genbase": (463, 199, 1186, 27),
-          "foodtruck": (407, 0, 21, 12)}
+          "foodtruck": (407, 0, 21, 12), "rcv1subset": (3000, 3000, 47236, 101)}
 
 
 def write_arff(path: Path, relation: str, x: torch.Tensor, y: torch.Tensor) -> None:

@@ -21,7 +21,7 @@ from structtorch.inference import ensemble_map, tree_kbest
 from structtorch.inference.kbest import ensemble_union
 from structtorch.learners import LEARNERS, RTA
 from structtorch.learners.base import StructuredLearner
-from structtorch.learners.rta import EDGE_L2, HAMMING_MAX_LABELS, HAMMING_MIN_DENSITY
+from structtorch.learners.rta import AUTO_L2_TREES, EDGE_L2, HAMMING_MAX_LABELS, HAMMING_MIN_DENSITY
 from structtorch.solvers import (
     BCFW,
     DualCD,
@@ -295,13 +295,15 @@ def test_rta_auto_l2_grows_with_the_labels_a_violator_flips_under_def_6_margin_o
     assert auto(174, 26.0) == pytest.approx(26 * 2.5 / 173 ** 2)  # margin=auto: Hamming there (density 0.15)
     assert auto(HAMMING_MAX_LABELS + 1, 0.5) == pytest.approx(2.5 / HAMMING_MAX_LABELS ** 2)  # at least 1
     assert auto(983, 19.0) == pytest.approx(19 * 2.5 / 982 ** 2) and auto(10, 3.0, margin="zero_one") == 3 * auto(10)
+    # anchored at AUTO_L2_TREES trees: the ensemble's mean score costs T times the l2 at T trees
+    assert auto(19, num_trees=4 * AUTO_L2_TREES) == pytest.approx(auto(19) / 4) and AUTO_L2_TREES == 10
     data = SyntheticDataModule(num_train=40, num_test=4, num_labels=HAMMING_MAX_LABELS + 2, val_fraction=0.0, seed=0)
     model = RTA(data.num_features, data.num_labels, solver_iters=1, num_trees=2, normalize="row")
     L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False,
               enable_model_summary=False).fit(model, datamodule=data)
     y = data.train_tensors[1].double()
     assert model.label_cardinality == pytest.approx(float(y.sum(1).mean())) and model.label_cardinality > 1
-    assert model.l2_grid[0] == pytest.approx(model.label_cardinality * 2.5 / (data.num_labels - 1) ** 2 / 40)
+    assert model.l2_grid[0] == pytest.approx(model.label_cardinality * 2.5 / (data.num_labels - 1) ** 2 / 40 * 10 / 2)
     # label density 0.55 >= HAMMING_MIN_DENSITY: margin=auto trained BCFW with the Hamming margin, and says so
     assert model.label_cardinality / data.num_labels >= HAMMING_MIN_DENSITY
     assert model.strategy.solver.margin == model.solver_report()["margin"] == "hamming"
