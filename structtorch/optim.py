@@ -166,14 +166,14 @@ class BatchedLBFGS:
         except OutOfTime:  # a streamed evaluation stopped by the time budget: back to the step's start
             self.slices.set(X0)
             raise
-        s, y = t[:, None] * d, G - g
+        if len(self.S) == self.history_size:  # the oldest pair goes before the new one is made (peak memory)
+            del self.S[0], self.Y[0], self.rho[0]
+        s, y = d.mul_(t[:, None]), G - g
         sy, yy = (s * y).sum(1), (y * y).sum(1)
         valid = (t > 0) & (sy > 1e-10 * yy)
         self.S.append(s)
         self.Y.append(y)
         self.rho.append(torch.where(valid, 1.0 / sy.clamp_min(1e-300), 0.0))
-        if len(self.S) > self.history_size:
-            del self.S[0], self.Y[0], self.rho[0]
         self.gamma = torch.where(valid, sy / yy.clamp_min(1e-300), self.gamma)
         self.fresh &= ~valid
         self.value, self.grad = f, G

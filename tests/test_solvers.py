@@ -420,6 +420,31 @@ def test_smoothed_lbfgs_puts_back_its_best_certified_point():
     assert bool((solver.certify().primal < good.primal).all())
 
 
+def test_smoothed_lbfgs_keeps_the_curvature_pairs_that_fit_in_memory(monkeypatch):
+    """L-BFGS keeps at most ``history_size`` curvature pairs, fewer (at least 1) where ``HISTORY_MEMORY_SHARE`` of the
+    memory available holds fewer: MAM at rcv1subset's shape (284M float64 parameters) was killed by the operating
+    system with 20. The pairs dropped are the oldest, and the fit still certifies."""
+    from structtorch.solvers import smoothing
+
+    x, y = chain_problem(2, n=4, N=40)
+    energy = FinleyJoachimsEnergy(6, 4, Graph.chain(4)).double()
+    pair = 2 * 8 * sum(p.numel() for p in energy.parameters())
+    monkeypatch.setattr(smoothing, "available_memory", lambda device: None)
+    assert SmoothedLBFGS(energy, x, y, 0.3).opt.history_size == 20  # unknown memory: as asked
+    share = smoothing.HISTORY_MEMORY_SHARE
+    for pairs, kept in ((0.5, 1), (4.5, 4), (10**6, 20)):
+        monkeypatch.setattr(smoothing, "available_memory", lambda device, free=pairs * pair / share: free)
+        assert smoothing.history_that_fits(list(energy.parameters()), 20) == kept
+    monkeypatch.setattr(smoothing, "available_memory", lambda device: 2.5 * pair / share)
+    solver = SmoothedLBFGS(energy, x, y, 0.3, tol=1e-6)
+    assert solver.opt.history_size == 2
+    lengths = []
+    for _ in range(6):
+        solver.run(1)
+        lengths.append(len(solver.opt.S))
+    assert lengths == [1, 2, 2, 2, 2, 2] and bool(solver.fit(max_iter=5000).converged)
+
+
 def test_an_uncertified_fit_ends_on_its_lowest_primal_against_the_best_mix_of_its_duals(monkeypatch):
     """Every certificate's marginals are a dual point, and so is any convex combination of them (D is concave), so a
     fit stopped before its tolerance reports the lowest primal it certified, at those parameters, against the best

@@ -28,6 +28,7 @@ in the local polytope only at convergence).
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ import torch
 from ..energies import Energy
 from ..graph import Graph, check_float
 from ..inference import smoothed_lp, tree_logz, tree_map
+from ..inference.smoothed import available_memory
 from ..losses import hamming_margin
 from ..optim import BatchedLBFGS
 from ..potentials import Potentials
@@ -45,12 +47,20 @@ from ..structure.spanning import max_spanning_tree
 from .bcfw import check_lam, check_mask, lift_models, per_param
 from .certificate import GapInfo, certificate
 
-__all__ = ["ForestSmoothedMax", "LPSmoothedMax", "SmoothedHinge", "SmoothedLBFGS", "SmoothedMax",
-           "tree_smoothed_max"]
+__all__ = ["HISTORY_MEMORY_SHARE", "ForestSmoothedMax", "LPSmoothedMax", "SmoothedHinge", "SmoothedLBFGS",
+           "SmoothedMax", "history_that_fits", "tree_smoothed_max"]
+
+log = logging.getLogger(__name__)
 
 #: elements of one [M, rows, E, K, K] block (E: the edges, at least the labels) of a chunk of ``SmoothedHinge``'s
 #: streamed objective and certificate: 2^24 doubles, 134 MB (the smoothed LP holds about 9 such blocks)
 ROW_CHUNK_ELEMENTS = 2**24
+
+#: the share of the memory available when an L-BFGS fit starts that its curvature pairs may take (a pair is two
+#: copies of every parameter). MAM at rcv1subset's shape (``scripts/mulan_like.py``: 10 trees x 602 tables x 47,236
+#: features, 284M parameters, a pair 2.1 GiB, 13.9 GiB available) was killed by the operating system at its third
+#: iteration with 20 pairs allowed, and at the end of its fit (peak 24.4 GB on 24) with 3 (a share of 0.5)
+HISTORY_MEMORY_SHARE = 0.25
 
 #: (Potentials [M, N], eps [M, 1]) -> differentiable smoothed max [M, N] >= max_y score(y), each model at its
 #: own temperature; its gradient w.r.t. the potentials is the marginals
@@ -403,6 +413,18 @@ class BestPoint:
         self.dual = torch.maximum(dual, self.dual)
 
 
+def history_that_fits(params: list[torch.Tensor], history_size: int) -> int:
+    """``history_size`` L-BFGS curvature pairs, or fewer (at least 1) where ``HISTORY_MEMORY_SHARE`` of the memory
+    available on the parameters' device holds fewer (logged)."""
+    pair = 2 * sum(p.numel() * p.element_size() for p in params)
+    free = available_memory(params[0].device)
+    fits = history_size if free is None else max(1, int(HISTORY_MEMORY_SHARE * free // pair))
+    if fits < history_size:
+        log.info(f"L-BFGS keeps {fits} curvature pairs instead of {history_size}: a pair is {pair / 2**30:.2f} GiB "
+                 f"({sum(p.numel() for p in params):,} parameters x 2) and {free / 2**30:.1f} GiB are available")
+    return min(history_size, fits)
+
+
 class SmoothedLBFGS(SmoothedHinge):
     """Full-batch L-BFGS on the smoothed structured hinge (or CRF likelihood), with a duality-gap certificate
     and continuation on the temperature (eps=None). Args as ``SmoothedHinge``, and ``history_size``: the L-BFGS
@@ -416,7 +438,8 @@ class SmoothedLBFGS(SmoothedHinge):
         super().__init__(energy, x, y, lam, smoothed_max, exact_max, margin_scale, bias_reg, tol, eps, mask, dtype)
         self.iterations = 0
         self.until: int | None = None  # the iteration cap of the running ``fit`` (progress lines)
-        self.opt = BatchedLBFGS(self.params, self.objective, self.num_models, history_size)
+        self.opt = BatchedLBFGS(self.params, self.objective, self.num_models, history_that_fits(self.params,
+                                                                                                 history_size))
         self.best: BestPoint | None = None  # the lowest primal certified so far, and the highest dual
         self.mixed: DualPoint | None = None  # the best combination of the certificates' dual points (``mix_dual``)
         self.moved = False  # parameters restored since the optimizer's last evaluation
