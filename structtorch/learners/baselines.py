@@ -257,11 +257,14 @@ class ComponentModels:
         self.num_groups = len(groups)
 
     def train(self, learner: M3N, x: torch.Tensor, y: torch.Tensor, start: tuple[torch.Tensor, ...] | None = None,
-              iterations: int | None = None, eps: float | None = None) -> SmoothedLBFGS:
+              iterations: int | None = None, eps: float | None = None, objective: torch.Tensor | None = None
+              ) -> SmoothedLBFGS:
         """The copies' model trained with ``learner``'s settings (l2, bias_reg, tol, margin, spin) on x [N, D], y
         [N, n]: to its certificate, or ``iterations`` L-BFGS iterations then one certificate. start: (W [n, D],
         b [n], pair weights [n, n]) per label and label pair, copied to every copy (default zeros); eps: the
-        starting temperature (default the margin: a cold start), e.g. that of the certified model it starts from."""
+        starting temperature (default the margin: a cold start), e.g. that of the certified model it starts from;
+        objective: instead, about the start's objective [1], for a temperature that keeps it
+        (``SmoothedLBFGS.start_near_optimum``)."""
         hp = learner.hparams
         energy = FinleyJoachimsEnergy(x.shape[1], len(self.copies), self.graph, spin=learner.spin).to(torch.float64)
         if start is not None:
@@ -274,6 +277,8 @@ class ComponentModels:
                                margin_scale=hp.margin_scale, bias_reg=learner.bias_reg, tol=hp.tol)
         if eps is not None:
             solver.eps.fill_(eps)
+        elif objective is not None:
+            solver.start_near_optimum(objective)
         return solver.solve(iterations)
 
     def objectives(self, solver: SmoothedLBFGS, bias_reg: float) -> torch.Tensor:
@@ -357,7 +362,9 @@ class Greedy(_StructureSearch):
     iterations, and ranked by that gain; the best one is trained on to its certificate and added if its certified
     objective is below obj(A) + obj(B). Gains are kept between steps and recomputed only for the candidates that
     touch the merged component. A run whose time budget is spent (``trainer.time_budget``) keeps the forest found
-    so far.
+    so far. The empty model (every label alone: Independent's) starts at Independent's solution (``independent_start``):
+    at rcv1subset's shape (47,236 features) its L-BFGS from 0 spent the budget uncertified, and Greedy ended at 0
+    edges with 6.17 / 37.84 subset / example F1 against Independent's 12.03 / 52.92.
 
     Args:
         search_iters: L-BFGS iterations per candidate of a step (from the current weights).
@@ -395,11 +402,13 @@ class Greedy(_StructureSearch):
         component = torch.arange(n)  # each label's component, named by one of its labels
         forest = torch.zeros(graph.num_edges, dtype=torch.bool)
         alone = ComponentModels([(torch.tensor([i]), torch.zeros(0, 2, dtype=torch.long)) for i in range(n)], n)
-        solver = alone.train(self, x, y)
+        zeros = (torch.zeros(n, x.shape[1], dtype=torch.float64), torch.zeros(n, dtype=torch.float64),
+                 torch.zeros(n, n, dtype=torch.float64))
+        start = self.independent_solution(x, y, self.l2_grid[0], None)  # the empty model is Independent's
+        solver = alone.train(self, x, y) if start is None else alone.train(
+            self, x, y, start=(start[0][0].double(), start[1][0].double(), zeros[2]), objective=start[2])
         objective = alone.objectives(solver, self.bias_reg)  # [n]: of the component named by each label
-        weights = self._label_weights(alone, solver, (torch.zeros(n, x.shape[1], dtype=torch.float64),
-                                                      torch.zeros(n, dtype=torch.float64),
-                                                      torch.zeros(n, n, dtype=torch.float64)))
+        weights = self._label_weights(alone, solver, zeros)
         gains = torch.full((graph.num_edges,), float("nan"), dtype=torch.float64)
         eps = float(solver.eps.min())  # candidates start at the temperature of the certified model
         self.search_log = [{"edges": 0, "objective": float(objective.sum())}]
