@@ -517,7 +517,8 @@ def test_greedy_starts_its_empty_model_at_independents_solution(monkeypatch):
     """Greedy's empty model (every label alone) is Independent's, so it starts at Independent's solution
     (``independent_start``, dcd) near its optimum rather than from 0: at rcv1subset's shape its L-BFGS from 0 spent
     the budget uncertified and Greedy ended at 0 edges, 15 example-F1 points below Independent. Here the start's
-    weights are Independent's, and the empty model certifies in fewer L-BFGS iterations than from 0."""
+    weights are Independent's, and the empty model certifies in fewer L-BFGS iterations than from 0. The final fit
+    is told the search's objective (``warm_start``), so it starts at a temperature that keeps the search's models."""
     from structtorch.data import crank_synthetic
     from structtorch.learners.baselines import ComponentModels
     from structtorch.solvers.dcd import independent_svms
@@ -540,6 +541,8 @@ def test_greedy_starts_its_empty_model_at_independents_solution(monkeypatch):
     assert torch.allclose(given[0], w[0].double()) and torch.allclose(given[1], b[0].double())
     assert empty[True][1].iterations < empty[False][1].iterations, (empty[True][1].iterations,
                                                                     empty[False][1].iterations)
+    # the final fit starts at a temperature that keeps the search's models: their objective goes to the solver
+    assert float(model.warm_start(d.x_train, d.y_train, 0.01, None)[0]) == model.search_log[-1]["objective"]
 
 
 def test_greedy_bad_search_iters(small):

@@ -383,9 +383,11 @@ class Greedy(_StructureSearch):
 
     def warm_start(self, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None
                    ) -> torch.Tensor | None:
-        """None: the fit starts from the search's models (``_warm_start``), already at or below Independent's
-        objective."""
-        return None
+        """The fit starts from the search's models (``_warm_start``), already at or below Independent's objective:
+        their objective [1] (the search's last, on its rows), so the fit starts at a temperature that keeps them. At
+        rcv1subset's shape, from the margin's temperature, its L-BFGS moved off the search's model (Independent's)
+        and ended the budget at 9.50 / 48.37 subset / example F1 (Independent 12.03 / 52.92)."""
+        return torch.tensor([self.search_log[-1]["objective"]], dtype=torch.float64) if self.search_log else None
 
     def _warm_start(self, weights: tuple[torch.Tensor, ...]) -> None:
         """Start the final fit from the search's certified component models (W [n, D], b [n], pair [n, n]):
