@@ -78,7 +78,7 @@ AUTO_L2_TREES = 10
 #: Independent on the test file: 25.4 / 60.7 subset / F1 against 24.8 / 60.0; RTA 26.2 / 62.0 against 24.4 / 60.6).
 FEATURE_CV_FOLDS, FEATURE_CV_METRICS = 3, ("subset_acc", "example_f1")
 
-__all__ = ["AUTO_L2_TREES", "HAMMING_MAX_LABELS", "HAMMING_MIN_DENSITY", "MAM", "RTA"]
+__all__ = ["AUTO_L2_TREES", "EDGE_L2", "HAMMING_MAX_LABELS", "HAMMING_MIN_DENSITY", "MAM", "RTA"]
 
 
 class RTA(StructuredLearner):
@@ -390,7 +390,7 @@ class MAM(StructuredLearner):
                  independent_start: bool = True, edge_l2: float = EDGE_L2, **kwargs) -> None:
         check_int(num_trees, "MAM: num_trees", 1)
         check_bool(independent_start, "MAM: independent_start")
-        self.edge_l2 = check_float(edge_l2, "MAM: edge_l2", 0.0, finite=True)
+        self.edge_l2 = check_float(edge_l2, "MAM: edge_l2", 0.0, finite=True)  # read by build_energy, in __init__
         self.trees = random_spanning_trees(num_labels, num_trees, torch.Generator().manual_seed(seed))
         super().__init__(num_features, num_labels, **kwargs)
         self.save_hyperparameters({"independent_start": independent_start, "edge_l2": self.edge_l2})

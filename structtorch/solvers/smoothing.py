@@ -416,12 +416,13 @@ class BestPoint:
 def history_that_fits(params: list[torch.Tensor], history_size: int) -> int:
     """``history_size`` L-BFGS curvature pairs, or fewer (at least 1) where ``HISTORY_MEMORY_SHARE`` of the memory
     available on the parameters' device holds fewer (logged)."""
-    pair = 2 * sum(p.numel() * p.element_size() for p in params)
+    count = sum(p.numel() for p in params)
+    pair = 2 * count * params[0].element_size()
     free = available_memory(params[0].device)
     fits = history_size if free is None else max(1, int(HISTORY_MEMORY_SHARE * free // pair))
     if fits < history_size:
         log.info(f"L-BFGS keeps {fits} curvature pairs instead of {history_size}: a pair is {pair / 2**30:.2f} GiB "
-                 f"({sum(p.numel() for p in params):,} parameters x 2) and {free / 2**30:.1f} GiB are available")
+                 f"({count:,} parameters x 2) and {free / 2**30:.1f} GiB are available")
     return min(history_size, fits)
 
 
