@@ -47,11 +47,28 @@ class ModelSlices:
         """The current values [M, P]."""
         return torch.cat([p.detach().reshape(self.M, -1) for p in self.params], 1)
 
-    def set(self, X: torch.Tensor) -> None:
-        """Write X [M, P] into the parameters."""
+    def set(self, X: torch.Tensor, which: torch.Tensor | None = None) -> None:
+        """Write X [M, P] into the parameters of the models where ``which`` [M] (default all)."""
         with torch.no_grad():
             for p, chunk in zip(self.params, X.split(self.sizes, 1)):
-                p.copy_(chunk.reshape(p.shape))
+                if which is None:
+                    p.copy_(chunk.reshape(p.shape))
+                else:
+                    rows = p.view(self.M, -1)
+                    rows[which] = chunk[which]
+
+    def set_along(self, X: torch.Tensor, t: torch.Tensor, d: torch.Tensor) -> None:
+        """Write X + t d (X, d [M, P], t [M]) into the parameters in place (no [M, P] temporary)."""
+        with torch.no_grad():
+            for p, x, dd in zip(self.params, X.split(self.sizes, 1), d.split(self.sizes, 1)):
+                p.view(self.M, -1).copy_(x).addcmul_(t[:, None], dd)
+
+    def read(self, X: torch.Tensor, which: torch.Tensor) -> None:
+        """Copy the current values of the models where ``which`` [M] into their rows of X [M, P] in place."""
+        with torch.no_grad():
+            for p, chunk in zip(self.params, X.split(self.sizes, 1)):
+                for m in which.nonzero()[:, 0].tolist():
+                    chunk[m].copy_(p.detach().view(self.M, -1)[m])
 
     def value_and_grad(self, objective: Callable[[], Objective]) -> tuple[torch.Tensor, torch.Tensor]:
         """(objective() [M], its gradient [M, P]) at the current parameters; a streamed objective (an iterable of
@@ -60,10 +77,15 @@ class ModelSlices:
         with torch.enable_grad():
             for term in _terms(objective()):
                 term = term.reshape(self.M)
-                grads = torch.autograd.grad(term.sum(), self.params, allow_unused=True)
-                flat = torch.cat([term.new_zeros(self.M, n) if g is None else g.reshape(self.M, -1)
-                                  for g, n in zip(grads, self.sizes)], 1)
-                value, grad = (term.detach(), flat) if value is None else (value + term.detach(), grad + flat)
+                grads = list(torch.autograd.grad(term.sum(), self.params, allow_unused=True))
+                if grad is None:
+                    value, grad = term.detach(), term.new_zeros(self.M, sum(self.sizes))
+                else:
+                    value = value + term.detach()
+                for k, chunk in enumerate(grad.split(self.sizes, 1)):  # in place, each term's gradient freed
+                    if grads[k] is not None:
+                        chunk.add_(grads[k].reshape(self.M, -1))
+                        grads[k] = None
         return value, grad
 
 
@@ -150,15 +172,17 @@ class BatchedLBFGS:
         active = torch.ones(self.M, dtype=torch.bool, device=self.gamma.device) if active is None else active
         g, f0, X0 = self.grad, self.value, self.slices.flat()
         d = self._direction(g)
-        slope = (d * g).sum(1)
+        slope = _dot(d, g)
         uphill = slope >= 0
-        d = torch.where(uphill[:, None], -g, d)
-        slope = torch.where(uphill, -(g * g).sum(1), slope)
-        t = torch.where(self.fresh | uphill, (1.0 / g.abs().sum(1).clamp_min(1e-300)).clamp(max=1.0), 1.0)
+        if bool(uphill.any()):
+            d[uphill] = -g[uphill]
+            slope = torch.where(uphill, -_dot(g, g), slope)
+        l1 = torch.linalg.vector_norm(g, 1, dim=1)
+        t = torch.where(self.fresh | uphill, (1.0 / l1.clamp_min(1e-300)).clamp(max=1.0), 1.0)
         t = torch.where(active & (slope < 0), t, 0.0)
 
         def at(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            self.slices.set(X0 + t[:, None] * d)
+            self.slices.set_along(X0, t, d)
             return self._evaluate()
 
         try:
@@ -168,8 +192,8 @@ class BatchedLBFGS:
             raise
         if len(self.S) == self.history_size:  # the oldest pair goes before the new one is made (peak memory)
             del self.S[0], self.Y[0], self.rho[0]
-        s, y = d.mul_(t[:, None]), G - g
-        sy, yy = (s * y).sum(1), (y * y).sum(1)
+        s, y = d.mul_(t[:, None]), g.neg_().add_(G)  # in place: g is not used again
+        sy, yy = _dot(s, y), _dot(y, y)
         valid = (t > 0) & (sy > 1e-10 * yy)
         self.S.append(s)
         self.Y.append(y)

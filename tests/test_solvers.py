@@ -3,12 +3,16 @@ scipy, brute-force enumeration)."""
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 import torch
 from conftest import cached_mulan
 from scipy.optimize import minimize
 from sklearn.svm import SVC
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from structtorch.data import Standardizer
 from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy
@@ -443,6 +447,51 @@ def test_smoothed_lbfgs_keeps_the_curvature_pairs_that_fit_in_memory(monkeypatch
         solver.run(1)
         lengths.append(len(solver.opt.S))
     assert lengths == [1, 2, 2, 2, 2, 2] and bool(solver.fit(max_iter=5000).converged)
+
+
+class LiveElements(TorchDispatchMode):
+    """Counts the elements of the live tensors of at least ``floor`` elements that ops allocate while it is on
+    (not views or in-place results: outputs sharing an input's storage), and their peak."""
+
+    def __init__(self, floor: int) -> None:
+        super().__init__()
+        self.floor, self.live, self.peak = floor, 0, 0
+
+    def _freed(self, count: int) -> None:
+        self.live -= count
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.numel() >= self.floor and t.untyped_storage().data_ptr() not in inputs:
+                self.live += t.numel()
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._freed, t.numel())
+        return out
+
+
+def test_smoothed_lbfgs_holds_few_parameter_sized_tensors():
+    """MAM at rcv1subset's shape has 284M parameters: every parameter-sized tensor is 1.1 GB (float32), so what an
+    L-BFGS iteration and a certificate allocate decides whether it fits in memory. Beyond the parameters, the best
+    point and the mixed dual point, an iteration holds the h curvature pairs (2 h), the gradient, the step's start,
+    its direction and a new evaluation's gradient as the parameters' own are summed into it (2): 2 h + 5 parameters'
+    worth at its peak, and a certificate keeps no dual point beside the mixed one (2 h + 1 live after it). Before,
+    the line search's trial points, the direction's products, the mixing of the dual points and the best point each
+    made temporaries: a peak of 2 h + 9.5 to 10.5 and 2 h + 4 live (seen)."""
+    g = torch.Generator().manual_seed(0)
+    n, D, h = 6, 3000, 2
+    x = torch.randn(20, D, generator=g, dtype=torch.float64)  # the parameters (32 D) dwarf every other tensor
+    energy = LinearTableEnergy(D, n, 2, Graph.chain(n), input_dependent_pairwise=True).double()
+    P = sum(p.numel() for p in energy.parameters())
+    solver = SmoothedLBFGS(energy, x, (x[:, :n] > 0).long(), 0.1, history_size=h)
+    solver.run(3)
+    solver.certify()  # the best point and the mixed dual point exist
+    with LiveElements(D) as mode:
+        for _ in range(2):
+            solver.run(2)
+            solver.certify()
+    assert mode.peak / P <= 2 * h + 5.5 and mode.live / P <= 2 * h + 1.5, (mode.peak / P, mode.live / P)
 
 
 def test_an_uncertified_fit_ends_on_its_lowest_primal_against_the_best_mix_of_its_duals(monkeypatch):

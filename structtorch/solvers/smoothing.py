@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -39,12 +39,12 @@ from ..graph import Graph, check_float
 from ..inference import smoothed_lp, tree_logz, tree_map
 from ..inference.smoothed import available_memory
 from ..losses import hamming_margin
-from ..optim import BatchedLBFGS
+from ..optim import BatchedLBFGS, ModelSlices
 from ..potentials import Potentials
 from ..progress import OutOfTime, out_of_time, tick
 from ..structure.circuit_rank import circuit_rank
 from ..structure.spanning import max_spanning_tree
-from .bcfw import check_lam, check_mask, lift_models, per_param
+from .bcfw import check_lam, check_mask, lift_models
 from .certificate import GapInfo, certificate
 
 __all__ = ["HISTORY_MEMORY_SHARE", "ForestSmoothedMax", "LPSmoothedMax", "SmoothedHinge", "SmoothedLBFGS",
@@ -271,7 +271,7 @@ class SmoothedHinge:
 
     def regularizer(self) -> torch.Tensor:
         """lambda/2 |w|_R^2 [M]."""
-        return 0.5 * self.lam * self._per_model([p.pow(2) * r for p, r in zip(self.params, self._reg_weight)])
+        return 0.5 * self.lam * self._squares(self.params, self._reg_weight)
 
     def chunks(self) -> list[slice]:
         """The examples of each chunk of the streamed objective and certificate."""
@@ -339,7 +339,7 @@ class SmoothedHinge:
         grads, data, dual_lin, entropy = None, 0.0, 0.0, 0.0
         for rows in self.chunks():
             g, d, lin, h = self._certify_chunk(rows)
-            grads = g if grads is None else [a if b is None else a + b for a, b in zip(grads, g)]
+            grads = g if grads is None else [a if b is None else a.add_(b) for a, b in zip(grads, g)]
             data, dual_lin, entropy = data + d, dual_lin + lin, entropy + h
         with torch.no_grad():
             self.dual_point = DualPoint(dual_lin, list(grads))
@@ -350,8 +350,8 @@ class SmoothedHinge:
 
     def dual_value(self, point: DualPoint) -> torch.Tensor:
         """D(mu) [M] of a dual point: its linear term less lambda/2 |w(mu)|_R^2 (in the point's dtype)."""
-        return point.linear - 0.5 * self.lam.to(point.linear) * self._per_model(
-            [w.pow(2) / r for w, r in zip(point.w, self._reg_weight) if w is not None])
+        kept = [(w, 1.0 / r) for w, r in zip(point.w, self._reg_weight) if w is not None]
+        return point.linear - 0.5 * self.lam.to(point.linear) * self._squares(*zip(*kept))
 
     def _certify_chunk(self, rows: slice) -> tuple[list[torch.Tensor | None], torch.Tensor, torch.Tensor,
                                                    torch.Tensor]:
@@ -378,12 +378,28 @@ class SmoothedHinge:
                 data, dual_lin = top - score, (self.delta[rows] * mu_u).sum((-1, -2))
             return list(grads), self._sum(data, rows), self._sum(dual_lin, rows), self._sum(entropy, rows)
 
-    def _per_model(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """sum over each model's coordinates [M] of tensors with (or without) a leading [M] dim (in their dtype)."""
-        out = torch.zeros_like(self.lam, dtype=tensors[0].dtype if tensors else None)
-        for t in tensors:
-            out += t.sum().reshape(1) if self.num_models is None else t.reshape(t.shape[0], -1).sum(1)
-        return out
+    def _rows(self, t: torch.Tensor) -> torch.Tensor:
+        """A parameter-shaped tensor with (or without) a leading [M] dim as [M, -1]."""
+        return t.reshape(1 if self.num_models is None else t.shape[0], -1)
+
+    def _squares(self, tensors: Iterable[torch.Tensor], weights: Iterable[float]) -> torch.Tensor:
+        """sum_k weight_k |t_k|^2 [M] per model (in the tensors' dtype) of parameter-shaped tensors, without a
+        parameter-sized temporary (``_rows``)."""
+        terms = [r * torch.linalg.vector_norm(self._rows(t), dim=1).square() for t, r in zip(tensors, weights)]
+        return sum(terms[1:], terms[0]) if terms else torch.zeros_like(self.lam)
+
+    def _pieces(self, old: list[torch.Tensor | None], new: list[torch.Tensor | None]
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor, float]]:
+        """(a, b - a, r) over pieces [M, c] of at most ``ROW_CHUNK_ELEMENTS`` elements of every parameter with a
+        data term: a a view of ``old`` (float64), b - a a float64 temporary, r the parameter's regulariser weight."""
+        for a, b, r in zip(old, new, self._reg_weight):
+            if b is None:
+                continue
+            A, B = self._rows(a), self._rows(b)
+            width = max(1, ROW_CHUNK_ELEMENTS // A.shape[0])
+            for start in range(0, A.shape[1], width):
+                piece = A[:, start:start + width]
+                yield piece, B[:, start:start + width].double() - piece, r
 
 
 @dataclass
@@ -405,10 +421,10 @@ class BestPoint:
     dual: torch.Tensor
     params: torch.Tensor
 
-    def update(self, primal: torch.Tensor, dual: torch.Tensor, params: torch.Tensor) -> None:
-        """Take a certificate's primal [M] of parameters [M, P] and a dual [M]."""
-        better = primal < self.primal
-        self.params = torch.where(better.to(params.device)[:, None], params, self.params)
+    def update(self, primal: torch.Tensor, dual: torch.Tensor, slices: ModelSlices) -> None:
+        """Take a certificate's primal [M] at the current parameters of ``slices`` (copied in place where it is at
+        most the lowest so far) and a dual [M]."""
+        slices.read(self.params, (primal <= self.primal).to(self.params.device))
         self.primal = torch.minimum(primal, self.primal)
         self.dual = torch.maximum(dual, self.dual)
 
@@ -479,10 +495,11 @@ class SmoothedLBFGS(SmoothedHinge):
             self._lower_eps(info.gap.to(self.eps), info.primal.to(self.eps), self.smoothing, open_)
         with torch.no_grad():
             mixed = self.mix_dual(self.dual_point).to(info.dual)
+            self.dual_point = None  # mixed in: its w (parameter-sized) is not kept
             if self.best is None:
-                self.best = BestPoint(info.primal, mixed, self.opt.slices.flat().clone())
+                self.best = BestPoint(info.primal, mixed, self.opt.slices.flat())
             else:
-                self.best.update(info.primal, mixed, self.opt.slices.flat())
+                self.best.update(info.primal, mixed, self.opt.slices)
         self.last = certificate(info.primal, self.best.dual, self.tol, "lbfgs", self.params[0].dtype)
         return self.last
 
@@ -494,20 +511,24 @@ class SmoothedLBFGS(SmoothedHinge):
         stall where the iterates oscillate at a low temperature: MAM on birds held D at 6.880 for 1000
         iterations (P 6.954); mixed, D rose to 6.920 in as many (6.943 after 40 epochs). Kept in float64
         (rounding must not drift the combination over thousands of certificates of a float32 solve)."""
-        new = DualPoint(new.linear.double(), [None if w is None else w.double() for w in new.w])
+        linear = new.linear.double()
         if self.mixed is None:
-            self.mixed = new
-            return self.dual_value(new)
+            copies = [None if w is None else w.to(torch.float64, memory_format=torch.contiguous_format, copy=True)
+                      for w in new.w]  # contiguous: mixed in place through ``_pieces``' views
+            self.mixed = DualPoint(linear, copies)
+            return self.dual_value(self.mixed)
         old, lam = self.mixed, self.lam.double()
-        step = [None if b is None else b - a for a, b in zip(old.w, new.w)]
-        terms = [(a, d, r) for a, d, r in zip(old.w, step, self._reg_weight) if d is not None]
-        curvature = lam * self._per_model([d.pow(2) / r for _, d, r in terms])  # -D'' along the segment
-        slope = new.linear - old.linear - lam * self._per_model([a * d / r for a, d, r in terms])  # D'(0)
+        curvature, cross = torch.zeros_like(lam), torch.zeros_like(lam)  # |d|_R^2 and <a, d>_R, d = new w - old w
+        for a, d, r in self._pieces(old.w, new.w):  # in pieces: w is parameter-sized (MAM at rcv1's shape: 2.3 GB)
+            curvature += (d * d).sum(1) / r
+            cross += (a * d).sum(1) / r
+        curvature, slope = lam * curvature, linear - old.linear - lam * cross  # -D'' along the segment, D'(0)
         gamma = (slope / curvature.clamp_min(torch.finfo(torch.float64).tiny)).clamp(0.0, 1.0)
         gamma = torch.where(curvature > 0, gamma, (slope > 0).to(gamma))
-        along = [None if d is None else a + per_param(gamma, a, self.num_models) * d for a, d in zip(old.w, step)]
-        self.mixed = DualPoint(old.linear + gamma * (new.linear - old.linear), along)
-        return self.dual_value(self.mixed)
+        for a, d, _ in self._pieces(old.w, new.w):
+            a.add_(d.mul_(gamma[:, None]))
+        old.linear = old.linear + gamma * (linear - old.linear)
+        return self.dual_value(old)
 
     def start_near_optimum(self, objective: torch.Tensor) -> None:
         """For parameters that start near the optimum, whose objective is about ``objective`` [M] (a warm start):
@@ -530,20 +551,19 @@ class SmoothedLBFGS(SmoothedHinge):
         """Whether some model is not certified at the last certificate (False before the first one)."""
         return self.last is not None and self.best is not None and not bool(self.last.converged.all())
 
-    def best_params(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(back [M], params [M, P]): the models whose lowest certified primal is below their last one, and each
-        model's parameters at its lowest certified primal (the current ones where the last point is that)."""
-        back = (self.best.primal < self.last.primal).to(self.eps.device)
-        return back, torch.where(back[:, None], self.best.params, self.opt.slices.flat())
+    def behind(self) -> torch.Tensor:
+        """bool [M]: the models whose lowest certified primal is below their last one (their parameters there are
+        ``best.params``' rows)."""
+        return (self.best.primal < self.last.primal).to(self.eps.device)
 
     def restore_best(self) -> GapInfo:
         """Put back, for each model whose lowest certified primal is below its current one, the parameters of that
         primal (a run that ends uncertified, e.g. mid-way through a lower temperature, keeps its best point);
         returns and sets their certificate against the highest dual (``certify`` took the last point into
         ``best``, so its primal is the lowest)."""
-        back, params = self.best_params()
+        back = self.behind()
         if bool(back.any()):
-            self.opt.slices.set(params)
+            self.opt.slices.set(self.best.params, back)
             self.opt.forget(back)
             self.moved = True
             self.write_back()

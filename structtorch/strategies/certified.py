@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from ..progress import OutOfTime, out_of_time, phase, tick
 from ..solvers import BCFW, DualCD, GapInfo, SmoothedLBFGS, StepInfo
+from ..solvers.bcfw import per_param
 from .base import Strategy
 
 __all__ = ["BCFWStrategy", "Certified", "DCDStrategy", "LBFGSStrategy", "lbfgs_solver"]
@@ -176,11 +177,12 @@ class LBFGSStrategy(Certified):
         """Each uncertified model's weights at its best certified point (where that is not the current one), so a
         checkpoint holds the predictor the run reports at its end (``train_end``); a resumed run goes on from there."""
         solver = self.solver
-        if not solver.uncertified:
+        back = solver.behind() if solver.uncertified else None
+        if back is None or not bool(back.any()):
             return {}
-        flat = solver.best_params()[1]
-        named = list(solver.energy.named_parameters())
-        return {name: chunk.reshape(p.shape) for (name, p), chunk in zip(named, flat.split(solver.opt.slices.sizes, 1))}
+        named, chunks = list(solver.energy.named_parameters()), solver.best.params.split(solver.opt.slices.sizes, 1)
+        return {name: torch.where(per_param(back, p, solver.num_models), chunk.reshape(p.shape), p.detach())
+                for (name, p), chunk in zip(named, chunks)}
 
     def report(self) -> dict[str, Any]:
         return super().report() | {"iterations": self.solver.iterations, "eps": plain(self.solver.eps)}
