@@ -80,6 +80,84 @@ void dcd_block(const double* x, const double* q, const double* sign, const int64
     for (int64_t d = 0; d < D; ++d) w[(l0 + l) * D + d] = wt[d * kLanes + l];
 }
 
+// Sparse rows: x_i = z_i + c, z_i given by its nonzeros (idx [nnz], val [nnz]). g[kLanes] = ut^T z_i.
+void sparse_dots(const double* ut, const int64_t* idx, const double* val, int64_t nnz, double* g) {
+  Vec acc[2][kVecs];
+  for (auto& half : acc)
+    for (auto& a : half) a = Vec(0.0);
+  int64_t k = 0;
+  for (; k + 1 < nnz; k += 2)
+    for (int64_t h = 0; h < 2; ++h) {
+      const Vec xd(val[k + h]);
+      const double* row = ut + idx[k + h] * kLanes;
+      for (int64_t v = 0; v < kVecs; ++v) acc[h][v] = at::vec::fmadd(Vec::loadu(row + v * Vec::size()), xd, acc[h][v]);
+    }
+  if (k < nnz) {
+    const Vec xd(val[k]);
+    for (int64_t v = 0; v < kVecs; ++v)
+      acc[0][v] = at::vec::fmadd(Vec::loadu(ut + idx[k] * kLanes + v * Vec::size()), xd, acc[0][v]);
+  }
+  for (int64_t v = 0; v < kVecs; ++v) (acc[0][v] + acc[1][v]).store(g + v * Vec::size());
+}
+
+// ut += z_i coef^T over z_i's nonzeros.
+void sparse_update(double* ut, const int64_t* idx, const double* val, int64_t nnz, const double* coef) {
+  Vec c[kVecs];
+  for (int64_t v = 0; v < kVecs; ++v) c[v] = Vec::loadu(coef + v * Vec::size());
+  for (int64_t k = 0; k < nnz; ++k) {
+    const Vec xd(val[k]);
+    double* row = ut + idx[k] * kLanes;
+    for (int64_t v = 0; v < kVecs; ++v)
+      at::vec::fmadd(c[v], xd, Vec::loadu(row + v * Vec::size())).store(row + v * Vec::size());
+  }
+}
+
+// As dcd_block on rows x_i = z_i + c (z in CSR: indptr [N + 1], indices, values; zc_i = z_i . c, cc = |c|^2): each
+// label's w = u + beta c, so w . x_i = u . z_i + beta zc_i + u . c + beta cc and a step w += coef x_i is
+// u += coef z_i, beta += coef, u . c += coef zc_i: O(nnz(z_i)) per row and label instead of O(D).
+void dcd_block_sparse(const int64_t* indptr, const int64_t* indices, const double* values, const double* c,
+                      const double* zc, double cc, const double* q, const double* sign, const int64_t* order,
+                      double* alpha, double* w, int64_t N, int64_t D, int64_t L, int64_t R, int64_t epochs, double C,
+                      int64_t l0, int64_t lanes) {
+  std::vector<double> ut(D * kLanes, 0.0);  // u [D][kLanes], from u = w, beta = 0
+  double beta[kLanes] = {0.0}, cu[kLanes] = {0.0}, g[kLanes], coef[kLanes];
+  for (int64_t l = 0; l < lanes; ++l)
+    for (int64_t d = 0; d < D; ++d) {
+      ut[d * kLanes + l] = w[(l0 + l) * D + d];
+      cu[l] += c[d] * w[(l0 + l) * D + d];
+    }
+  for (int64_t e = 0; e < epochs; ++e) {
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t i = order[e * R + r];
+      if (q[i] <= 0.0) continue;
+      const int64_t* idx = indices + indptr[i];
+      const double* val = values + indptr[i];
+      const int64_t nnz = indptr[i + 1] - indptr[i];
+      sparse_dots(ut.data(), idx, val, nnz, g);
+      bool moved = false;
+      for (int64_t l = 0; l < kLanes; ++l) {
+        coef[l] = 0.0;
+        if (l >= lanes) continue;
+        const double s = sign[i * L + l0 + l];
+        double& a = alpha[(l0 + l) * N + i];
+        const double margin = g[l] + beta[l] * (zc[i] + cc) + cu[l];
+        const double next = std::min(std::max(a - (s * margin - 1.0) / q[i], 0.0), C);
+        coef[l] = (next - a) * s;
+        moved |= next != a;
+        a = next;
+      }
+      if (!moved) continue;
+      sparse_update(ut.data(), idx, val, nnz, coef);
+      for (int64_t l = 0; l < lanes; ++l) {
+        beta[l] += coef[l];
+        cu[l] += coef[l] * zc[i];
+      }
+    }
+  }
+  for (int64_t l = 0; l < lanes; ++l)
+    for (int64_t d = 0; d < D; ++d) w[(l0 + l) * D + d] = ut[d * kLanes + l] + beta[l] * c[d];
+}
+
 }  // namespace
 
 // x [N, D], sign [N, L] (+-1), order [E, R] (rows to visit, epoch by epoch), alpha [L, N] and w [L, D] updated in
@@ -106,8 +184,38 @@ void svm_dcd(const torch::Tensor& x, const torch::Tensor& sign, const torch::Ten
   });
 }
 
+// svm_dcd on rows x_i = z_i + c: z [N, D] as CSR (indptr [N + 1], indices [nnz] int64, values [nnz]), c [D],
+// q [N] = |x_i|^2; sign, order, alpha and w as svm_dcd's. Its steps are svm_dcd's, in O(nnz(z_i)) per row.
+void svm_dcd_sparse(const torch::Tensor& indptr, const torch::Tensor& indices, const torch::Tensor& values,
+                    const torch::Tensor& c, const torch::Tensor& q, const torch::Tensor& sign,
+                    const torch::Tensor& order, torch::Tensor alpha, torch::Tensor w, double C) {
+  const int64_t N = q.size(0), D = c.size(0), L = sign.size(1), E = order.size(0), R = order.size(1);
+  TORCH_CHECK(indptr.numel() == N + 1 && indices.numel() == values.numel() && sign.size(0) == N &&
+                  alpha.size(0) == L && alpha.size(1) == N && w.size(0) == L && w.size(1) == D,
+              "svm_dcd_sparse: shapes do not match");
+  const std::vector<const torch::Tensor*> dense = {&values, &c, &q, &sign, &alpha, &w};
+  for (const torch::Tensor* t : dense)
+    TORCH_CHECK(t->scalar_type() == torch::kDouble && t->is_contiguous() && t->device().is_cpu(),
+                "svm_dcd_sparse: values, c, q, sign, alpha and w must be contiguous float64 CPU tensors");
+  const std::vector<const torch::Tensor*> index = {&indptr, &indices, &order};
+  for (const torch::Tensor* t : index)
+    TORCH_CHECK(t->scalar_type() == torch::kLong && t->is_contiguous(), "svm_dcd_sparse: indices must be int64");
+  const torch::Tensor rows = torch::repeat_interleave(torch::arange(N, indptr.options()), indptr.diff());
+  const torch::Tensor zc = torch::zeros({N}, c.options()).index_add_(0, rows, values * c.index_select(0, indices));
+  const double cc = c.pow(2).sum().item<double>();
+  const int64_t blocks = (L + kLanes - 1) / kLanes;
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      dcd_block_sparse(indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), values.data_ptr<double>(),
+                       c.data_ptr<double>(), zc.data_ptr<double>(), cc, q.data_ptr<double>(), sign.data_ptr<double>(),
+                       order.data_ptr<int64_t>(), alpha.data_ptr<double>(), w.data_ptr<double>(), N, D, L, R, E, C,
+                       b * kLanes, std::min(kLanes, L - b * kLanes));
+  });
+}
+
 void register_dcd(pybind11::module_& m) {
   m.def("svm_dcd", &svm_dcd, "epochs of dual coordinate descent on one L1-loss SVM per label (in place)");
+  m.def("svm_dcd_sparse", &svm_dcd_sparse, "svm_dcd on rows that are sparse up to a constant row (in place)");
 }
 
 }  // namespace stcpu
