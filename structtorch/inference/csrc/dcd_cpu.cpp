@@ -17,36 +17,65 @@ using Vec = Vectorized<double>;
 constexpr int64_t kVecs = 4;                     // SIMD vectors of labels per block
 constexpr int64_t kLanes = kVecs * Vec::size();  // labels per block
 
-// g[kLanes] = wt^T x_i: two rows of wt at a time into independent accumulators (8 FMA chains in flight).
-void dots(const double* wt, const double* xi, int64_t D, double* g) {
+// The entries of a row: dense (entry k is column k) or sparse (entry k is column idx[k]).
+struct Dense {
+  int64_t operator()(int64_t k) const { return k; }
+};
+struct Sparse {
+  const int64_t* idx;
+  int64_t operator()(int64_t k) const { return idx[k]; }
+};
+
+// g[kLanes] = wt^T x_i over the row's entries (values val [count], columns col(k)): two entries at a time into
+// independent accumulators (8 FMA chains in flight).
+template <typename Col>
+void dots(const double* wt, Col col, const double* val, int64_t count, double* g) {
   Vec acc[2][kVecs];
   for (auto& half : acc)
     for (auto& a : half) a = Vec(0.0);
-  int64_t d = 0;
-  for (; d + 1 < D; d += 2)
+  int64_t k = 0;
+  for (; k + 1 < count; k += 2)
     for (int64_t h = 0; h < 2; ++h) {
-      const Vec xd(xi[d + h]);
-      const double* row = wt + (d + h) * kLanes;
+      const Vec xd(val[k + h]);
+      const double* row = wt + col(k + h) * kLanes;
       for (int64_t v = 0; v < kVecs; ++v) acc[h][v] = at::vec::fmadd(Vec::loadu(row + v * Vec::size()), xd, acc[h][v]);
     }
-  if (d < D) {
-    const Vec xd(xi[d]);
+  if (k < count) {
+    const Vec xd(val[k]);
     for (int64_t v = 0; v < kVecs; ++v)
-      acc[0][v] = at::vec::fmadd(Vec::loadu(wt + d * kLanes + v * Vec::size()), xd, acc[0][v]);
+      acc[0][v] = at::vec::fmadd(Vec::loadu(wt + col(k) * kLanes + v * Vec::size()), xd, acc[0][v]);
   }
   for (int64_t v = 0; v < kVecs; ++v) (acc[0][v] + acc[1][v]).store(g + v * Vec::size());
 }
 
-// wt += x_i coef^T.
-void update(double* wt, const double* xi, int64_t D, const double* coef) {
+// wt += x_i coef^T over the row's entries.
+template <typename Col>
+void update(double* wt, Col col, const double* val, int64_t count, const double* coef) {
   Vec c[kVecs];
   for (int64_t v = 0; v < kVecs; ++v) c[v] = Vec::loadu(coef + v * Vec::size());
-  for (int64_t d = 0; d < D; ++d) {
-    const Vec xd(xi[d]);
-    double* row = wt + d * kLanes;
+  for (int64_t k = 0; k < count; ++k) {
+    const Vec xd(val[k]);
+    double* row = wt + col(k) * kLanes;
     for (int64_t v = 0; v < kVecs; ++v)
       at::vec::fmadd(c[v], xd, Vec::loadu(row + v * Vec::size())).store(row + v * Vec::size());
   }
+}
+
+// Every label's exact coordinate step at a row of |x_i|^2 = qi from its margins g[l] = w_l . x_i: the labels' signs
+// s [lanes] and dual variables a [lanes] (stride N) of the row; coef[l] = (new a - old a) s (0 past lanes). Returns
+// whether any a moved.
+bool steps(const double* g, double qi, const double* s, double* a, int64_t N, double C, int64_t lanes, double* coef) {
+  bool moved = false;
+  for (int64_t l = 0; l < kLanes; ++l) {
+    coef[l] = 0.0;
+    if (l >= lanes) continue;
+    double& al = a[l * N];
+    const double next = std::min(std::max(al - (s[l] * g[l] - 1.0) / qi, 0.0), C);
+    coef[l] = (next - al) * s[l];
+    moved |= next != al;
+    al = next;
+  }
+  return moved;
 }
 
 void dcd_block(const double* x, const double* q, const double* sign, const int64_t* order, double* alpha,
@@ -61,55 +90,13 @@ void dcd_block(const double* x, const double* q, const double* sign, const int64
       const int64_t i = order[e * R + r];
       if (q[i] <= 0.0) continue;  // an all-zero row: no step changes w
       const double* xi = x + i * D;
-      dots(wt.data(), xi, D, g);
-      bool moved = false;
-      for (int64_t l = 0; l < kLanes; ++l) {
-        coef[l] = 0.0;
-        if (l >= lanes) continue;
-        const double s = sign[i * L + l0 + l];
-        double& a = alpha[(l0 + l) * N + i];
-        const double next = std::min(std::max(a - (s * g[l] - 1.0) / q[i], 0.0), C);
-        coef[l] = (next - a) * s;
-        moved |= next != a;
-        a = next;
-      }
-      if (moved) update(wt.data(), xi, D, coef);
+      dots(wt.data(), Dense{}, xi, D, g);
+      if (steps(g, q[i], sign + i * L + l0, alpha + l0 * N + i, N, C, lanes, coef))
+        update(wt.data(), Dense{}, xi, D, coef);
     }
   }
   for (int64_t l = 0; l < lanes; ++l)
     for (int64_t d = 0; d < D; ++d) w[(l0 + l) * D + d] = wt[d * kLanes + l];
-}
-
-// Sparse rows: x_i = z_i + c, z_i given by its nonzeros (idx [nnz], val [nnz]). g[kLanes] = ut^T z_i.
-void sparse_dots(const double* ut, const int64_t* idx, const double* val, int64_t nnz, double* g) {
-  Vec acc[2][kVecs];
-  for (auto& half : acc)
-    for (auto& a : half) a = Vec(0.0);
-  int64_t k = 0;
-  for (; k + 1 < nnz; k += 2)
-    for (int64_t h = 0; h < 2; ++h) {
-      const Vec xd(val[k + h]);
-      const double* row = ut + idx[k + h] * kLanes;
-      for (int64_t v = 0; v < kVecs; ++v) acc[h][v] = at::vec::fmadd(Vec::loadu(row + v * Vec::size()), xd, acc[h][v]);
-    }
-  if (k < nnz) {
-    const Vec xd(val[k]);
-    for (int64_t v = 0; v < kVecs; ++v)
-      acc[0][v] = at::vec::fmadd(Vec::loadu(ut + idx[k] * kLanes + v * Vec::size()), xd, acc[0][v]);
-  }
-  for (int64_t v = 0; v < kVecs; ++v) (acc[0][v] + acc[1][v]).store(g + v * Vec::size());
-}
-
-// ut += z_i coef^T over z_i's nonzeros.
-void sparse_update(double* ut, const int64_t* idx, const double* val, int64_t nnz, const double* coef) {
-  Vec c[kVecs];
-  for (int64_t v = 0; v < kVecs; ++v) c[v] = Vec::loadu(coef + v * Vec::size());
-  for (int64_t k = 0; k < nnz; ++k) {
-    const Vec xd(val[k]);
-    double* row = ut + idx[k] * kLanes;
-    for (int64_t v = 0; v < kVecs; ++v)
-      at::vec::fmadd(c[v], xd, Vec::loadu(row + v * Vec::size())).store(row + v * Vec::size());
-  }
 }
 
 // As dcd_block on rows x_i = z_i + c (z in CSR: indptr [N + 1], indices, values; zc_i = z_i . c, cc = |c|^2): each
@@ -133,21 +120,10 @@ void dcd_block_sparse(const int64_t* indptr, const int64_t* indices, const doubl
       const int64_t* idx = indices + indptr[i];
       const double* val = values + indptr[i];
       const int64_t nnz = indptr[i + 1] - indptr[i];
-      sparse_dots(ut.data(), idx, val, nnz, g);
-      bool moved = false;
-      for (int64_t l = 0; l < kLanes; ++l) {
-        coef[l] = 0.0;
-        if (l >= lanes) continue;
-        const double s = sign[i * L + l0 + l];
-        double& a = alpha[(l0 + l) * N + i];
-        const double margin = g[l] + beta[l] * (zc[i] + cc) + cu[l];
-        const double next = std::min(std::max(a - (s * margin - 1.0) / q[i], 0.0), C);
-        coef[l] = (next - a) * s;
-        moved |= next != a;
-        a = next;
-      }
-      if (!moved) continue;
-      sparse_update(ut.data(), idx, val, nnz, coef);
+      dots(ut.data(), Sparse{idx}, val, nnz, g);
+      for (int64_t l = 0; l < lanes; ++l) g[l] += beta[l] * (zc[i] + cc) + cu[l];
+      if (!steps(g, q[i], sign + i * L + l0, alpha + l0 * N + i, N, C, lanes, coef)) continue;
+      update(ut.data(), Sparse{idx}, val, nnz, coef);
       for (int64_t l = 0; l < lanes; ++l) {
         beta[l] += coef[l];
         cu[l] += coef[l] * zc[i];
