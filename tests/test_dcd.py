@@ -107,15 +107,20 @@ def test_objective_is_liblinears_within_half_a_percent():
     assert bool(info.converged.all()) and ours <= theirs * 1.005 and ours >= float(info.dual) - 1e-12
 
 
-def test_folds_of_a_grid_equal_separate_runs():
-    x, y = problem(30, 3, 2, seed=5)
-    mask = torch.stack([torch.arange(30) % 3 != 0, torch.ones(30, dtype=torch.bool)])
-    lam = torch.tensor([0.5, 0.2], dtype=torch.float64)
-    batched = DualCD(FinleyJoachimsEnergy(3, 2, num_models=2).double(), x, y, lam, tol=1e-9, mask=mask)
-    info = batched.fit(max_epochs=2000)
+@pytest.mark.parametrize("sparse", [False, True])
+def test_folds_of_a_grid_equal_separate_runs(sparse):
+    """Also with sparse rows (``SparseRows``: every model's steps and certificate through z's nonzeros)."""
+    x, y = sparse_problem(90, 40, 3, seed=2) if sparse else problem(30, 3, 2, seed=5)
+    x = x[:, :-1] if sparse else x
+    N, D, n = len(x), x.shape[1], y.shape[1]
+    mask = torch.stack([torch.arange(N) % 3 != 0, torch.ones(N, dtype=torch.bool)])
+    lam = torch.tensor([0.05, 0.02] if sparse else [0.5, 0.2], dtype=torch.float64)
+    batched = DualCD(FinleyJoachimsEnergy(D, n, num_models=2).double(), x, y, lam, tol=1e-9, mask=mask)
+    assert (batched.rows is not None) == sparse
+    info = batched.fit(max_epochs=5000)
     for m in range(2):
         rows = mask[m]
-        alone = DualCD(FinleyJoachimsEnergy(3, 2).double(), x[rows], y[rows], float(lam[m]), tol=1e-9).fit(2000)
+        alone = DualCD(FinleyJoachimsEnergy(D, n).double(), x[rows], y[rows], float(lam[m]), tol=1e-9).fit(5000)
         assert float(info.primal[m]) == pytest.approx(float(alone.primal), rel=1e-7)
 
 

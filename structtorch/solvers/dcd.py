@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 #: DCD epochs at most in a fit unless its caller says otherwise
 MAX_EPOCHS = 1000
 #: the share of nonzeros in the rows less their columns' most frequent values (``SparseRows``) up to which DCD steps
-#: through the nonzeros only
+#: through the nonzeros only. An epoch on one thread, dense / sparse kernel: tmc2007 (4.3%) 8.7x faster sparse, flags
+#: (19%) 1.2x, birds (56%) 1.2x, scene (98%) 0.7x; 0.25 keeps the sparse kernel to where it clearly wins
 SPARSE_DENSITY = 0.25
 
 
@@ -225,10 +226,9 @@ class DualCD:
 class SparseRows:
     """Rows x_i = z_i + c [N, D] with z sparse: c [D] each column's most frequent value (0 for sparse features; a
     standardised sparse column's is the value its zeros became; the bias input's is the input), z [N, D] in CSR
-    (indptr [N + 1], indices [nnz] int64, values [nnz]; ``z``, ``zt``: z and z^T as sparse CSR tensors) and q [N] =
-    |x_i|^2, all on the
-    CPU. ``svm_dcd_sparse`` takes svm_dcd's steps in O(nnz(z_i)) per row and label, and the certificate's products
-    go through z's nonzeros: delicious' rows are 3.7% such nonzeros."""
+    (indptr [N + 1], indices [nnz] int64, values [nnz]; ``z``, ``zt``: z and z^T as sparse CSR tensors) and
+    q [N] = |x_i|^2, all on the CPU. ``svm_dcd_sparse`` takes svm_dcd's steps in O(nnz(z_i)) per row and label, and
+    the certificate's products go through z's nonzeros: delicious' rows are 3.7% such nonzeros."""
 
     indptr: torch.Tensor
     indices: torch.Tensor
@@ -249,7 +249,7 @@ class SparseRows:
         at = z.nonzero()  # [nnz, 2], row by row
         indptr = torch.cat([at.new_zeros(1), torch.bincount(at[:, 0], minlength=len(x)).cumsum(0)])
         values = z[at[:, 0], at[:, 1]]
-        with warnings.catch_warnings():  # CSR tensors are "in beta": their products are 4x COO's here
+        with warnings.catch_warnings():  # CSR tensors are "in beta"; their products are 4x faster than COO's here
             warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
             sparse = torch.sparse_coo_tensor(at.T, values, z.shape, check_invariants=True).coalesce()
             return SparseRows(indptr, at[:, 1].contiguous(), values, c.contiguous(), x.pow(2).sum(1),
