@@ -184,8 +184,9 @@ class DualCD:
         """The continuation's stage rho' (the bias input 1 / sqrt(rho'))."""
         self.stage = rho
         self.x[:, -1] = 1.0 / math.sqrt(rho)
-        if self.rows is not None:
-            self.rows = SparseRows.of(self.x)
+        if self.rows is not None:  # the bias column is constant: z's stays 0, its c is the new input
+            self.rows.c[-1] = self.x[0, -1]
+            self.rows.q = self.x.pow(2).sum(1)
         self.last = None
 
     def _gap_note(self) -> str:
