@@ -30,6 +30,7 @@ def backtrack(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], f0: 
         if bool(ok.all()):
             return t, out
         t = torch.where(ok, t, 0.5 * t)
+        del out  # the failed trial's gradient goes before the next trial's is made
     t = torch.where(ok, t, 0.0)
     return t, evaluate(t)
 
@@ -73,15 +74,12 @@ class ModelSlices:
     def value_and_grad(self, objective: Callable[[], Objective]) -> tuple[torch.Tensor, torch.Tensor]:
         """(objective() [M], its gradient [M, P]) at the current parameters; a streamed objective (an iterable of
         terms [M]) is summed term by term, each term's graph freed before the next is built."""
-        value, grad = None, None
+        value, grad = 0, self.params[0].new_zeros(self.M, sum(self.sizes))  # before any term's gradients exist
         with torch.enable_grad():
             for term in _terms(objective()):
                 term = term.reshape(self.M)
                 grads = list(torch.autograd.grad(term.sum(), self.params, allow_unused=True))
-                if grad is None:
-                    value, grad = term.detach(), term.new_zeros(self.M, sum(self.sizes))
-                else:
-                    value = value + term.detach()
+                value = value + term.detach()
                 for k, chunk in enumerate(grad.split(self.sizes, 1)):  # in place, each term's gradient freed
                     if grads[k] is not None:
                         chunk.add_(grads[k].reshape(self.M, -1))

@@ -187,6 +187,21 @@ class ForestSmoothedMax:
             return tree_map(self.ensemble(pot))[0].transpose(0, 1)
 
 
+class SquaredRows(torch.autograd.Function):
+    """|t_m|^2 [M] of rows t [M, P] without a [M, P] temporary; its backward 2 g_m t_m makes one (vector_norm's
+    made two: t / |t| and its product with g)."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(rows)
+        return torch.linalg.vector_norm(rows, dim=1).square()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (rows,) = ctx.saved_tensors
+        return rows * (2 * grad)[:, None]
+
+
 def _tree_max(pot: Potentials) -> torch.Tensor:
     with torch.no_grad():
         return tree_map(pot)[0]
@@ -385,7 +400,7 @@ class SmoothedHinge:
     def _squares(self, tensors: Iterable[torch.Tensor], weights: Iterable[float]) -> torch.Tensor:
         """sum_k weight_k |t_k|^2 [M] per model (in the tensors' dtype) of parameter-shaped tensors, without a
         parameter-sized temporary (``_rows``)."""
-        terms = [r * torch.linalg.vector_norm(self._rows(t), dim=1).square() for t, r in zip(tensors, weights)]
+        terms = [r * SquaredRows.apply(self._rows(t)) for t, r in zip(tensors, weights)]
         return sum(terms[1:], terms[0]) if terms else torch.zeros_like(self.lam)
 
     def _pieces(self, old: list[torch.Tensor | None], new: list[torch.Tensor | None]
@@ -455,8 +470,9 @@ class SmoothedLBFGS(SmoothedHinge):
         super().__init__(energy, x, y, lam, smoothed_max, exact_max, margin_scale, bias_reg, tol, eps, mask, dtype)
         self.iterations = 0
         self.until: int | None = None  # the iteration cap of the running ``fit`` (progress lines)
-        self.opt = BatchedLBFGS(self.params, self.objective, self.num_models, history_that_fits(self.params,
-                                                                                                 history_size))
+        # streamed even over one chunk: the regulariser's gradient and the data term's are not made at once
+        self.opt = BatchedLBFGS(self.params, self._terms, self.num_models, history_that_fits(self.params,
+                                                                                             history_size))
         self.best: BestPoint | None = None  # the lowest primal certified so far, and the highest dual
         self.mixed: DualPoint | None = None  # the best combination of the certificates' dual points (``mix_dual``)
         self.moved = False  # parameters restored since the optimizer's last evaluation
