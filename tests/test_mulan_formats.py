@@ -252,6 +252,24 @@ def test_mulan_like_writes_a_folder_the_cli_reads_as_the_synthetic_data(tmp_path
     assert torch.equal(data.x_train, x[:train]) and torch.equal(data.x_test, x[train:])
 
 
+def test_mulan_like_writes_dense_numeric_features_for_mediamills_shape(tmp_path: Path, monkeypatch) -> None:
+    """A dense shape (mediamill's, here with fewer rows) is dense ARFF with numeric attributes: load_mulan reads back
+    the labels of sparse_multilabel and the features y A + noise of ``dense_features`` (to the 4 decimals
+    written)."""
+    from structtorch.data import sparse_multilabel
+
+    mulan_like = _mulan_like_script()
+    assert "mediamill" in mulan_like.DENSE and mulan_like.SHAPES["mediamill"][2:] == (120, 101)
+    monkeypatch.setitem(mulan_like.SHAPES, "mediamill", (40, 15, 12, 6))
+    mulan_like.write_dataset(tmp_path, "mediamill", seed=2, cardinality=2.0)
+    data = load_mulan_splits("mediamill-like", root=tmp_path, progress=False)
+    _, y = sparse_multilabel(55, num_features=12, num_labels=6, seed=2, cardinality=2.0)
+    x = mulan_like.dense_features(y, 12, seed=2)
+    assert torch.equal(data.y_train, y[:40]) and torch.equal(data.y_test, y[40:])
+    assert torch.allclose(data.x_train, x[:40], atol=5e-5) and torch.allclose(data.x_test, x[40:], atol=5e-5)
+    assert not bool(((data.x_train == 0) | (data.x_train == 1)).all())  # numbers, not binary words
+
+
 def test_mulan_like_writes_one_file_for_a_shape_without_a_split(tmp_path: Path) -> None:
     """A shape with no test rows (cal500's) is one <name>.arff; load_mulan splits 30% of its rows off as the test
     set, every row in exactly one split."""
