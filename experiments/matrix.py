@@ -31,7 +31,8 @@ from pathlib import Path
 from runner import ROOT
 from tables import SCORES, markdown, merge_rows, read_rows, write_table
 
-from structtorch.data import load_mulan, mulan_cache_dir, mulan_datasets
+from structtorch.data import fetch_mulan, mulan_cache_dir, mulan_datasets, read_mulan_labels
+from structtorch.data.download import mulan_files
 
 MODELS = ["independent", "fixed_tree", "full", "crank", "greedy", "mst", "project", "rta", "mam", "tree_crf"]
 PEERS = ["sklearn BR-LinearSVC", "sklearn ECC"]
@@ -39,8 +40,21 @@ COLUMNS = ["dataset", "model", "hamming_acc", "subset_acc", "example_f1", "train
 
 
 def cached_datasets() -> list[str]:
-    """The Mulan datasets whose files are in the data cache, in the catalog's order."""
-    return [d for d in mulan_datasets() if (mulan_cache_dir(d) / f"{d}-train.arff").is_file()]
+    """The Mulan datasets whose files are all in the data cache, in the catalog's order."""
+    def cached(data: str) -> bool:
+        try:
+            files = mulan_files(data)
+        except ValueError:  # the collection has no data files for it
+            return False
+        return all((mulan_cache_dir() / "mulan" / data / f.file).is_file() for f in files.values())
+    return [d for d in mulan_datasets() if cached(d)]
+
+
+def label_count(data: str) -> int:
+    """The labels of ``data`` by its label XML (fetched into the cache where missing), without reading its rows
+    here: each cell's process is forked from this one, and Linux counts the parent's resident memory at the fork in
+    the child's peak (``wait``)."""
+    return len(read_mulan_labels(fetch_mulan(data, progress=False) / mulan_files(data)["xml"].file))
 
 
 # ---------------------------------------------------------------------- one cell, in its own process
@@ -188,8 +202,7 @@ def main() -> None:
         return write_summary(read_rows(out.with_suffix(".csv")), out)
     rows = read_rows(out.with_suffix(".csv")) if args.update else []
     for data in args.datasets or cached_datasets():
-        labels = load_mulan(data, "train", progress=False)[1].shape[1]
-        timeout = args.timeout if labels <= 160 else args.timeout_large
+        timeout = args.timeout if label_count(data) <= 160 else args.timeout_large
         cells = [("structtorch", m) for m in args.models] + [("peer", p) for p in args.peers]
         for kind, name in cells:
             row = {k: "" for k in COLUMNS} | run_cell(kind, name, data, work, timeout)

@@ -36,3 +36,28 @@ def test_matrix_cv_pairs_each_learner_with_independent_by_fold():
     assert "subset - independent" not in independent and "subset - independent" not in alone  # nothing to pair with
     assert mam["subset - independent"] == "+2.00 ± 1.15"  # differences 2, 1, 3: sd 1, 2 se = 2 / sqrt(3)
     assert mam["F1 - independent"] == "+0.00 ± 1.15"
+
+
+def test_the_matrix_finds_every_cached_dataset_by_its_catalog_files(tmp_path, monkeypatch):
+    """``python experiments/matrix.py`` without ``--datasets`` runs every dataset whose files are all in the data
+    cache, by the catalog's file names (tmc2007's are tmc2007-500-*; a dataset missing a file is left out)."""
+    from matrix import cached_datasets
+
+    monkeypatch.setenv("STRUCTTORCH_DATA", str(tmp_path))
+    for name, files in {"flags": ["flags-train.arff", "flags-test.arff", "flags.xml"],
+                        "tmc2007": ["tmc2007-500-train.arff", "tmc2007-500-test.arff", "tmc2007-500.xml"],
+                        "scene": ["scene-train.arff", "scene.xml"]}.items():
+        (tmp_path / "mulan" / name).mkdir(parents=True)
+        for f in files:
+            (tmp_path / "mulan" / name / f).write_text("")
+    assert cached_datasets() == ["flags", "tmc2007"]
+
+
+def test_the_matrix_counts_labels_from_the_label_xml():
+    """The label count that picks a cell's time limit comes from the dataset's XML, not from its rows loaded into the
+    process that forks every cell (whose resident memory Linux counts in each cell's peak)."""
+    from conftest import cached_mulan
+    from matrix import label_count
+
+    cached_mulan("flags", "test")  # skips without the data cache
+    assert label_count("flags") == 7
