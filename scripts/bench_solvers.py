@@ -20,28 +20,21 @@ from __future__ import annotations
 import argparse
 import math
 import time
-import warnings
-from pathlib import Path
 
 import numpy as np
 import torch
 from benchutil import write_results
 from sklearn.svm import SVC
 
-from structtorch.data import Standardizer, arff_to_multilabel, load_arff, read_mulan_labels
+from structtorch.data import Standardizer, load_mulan
 from structtorch.energies import FinleyJoachimsEnergy
 from structtorch.solvers import BCFW, SmoothedLBFGS
 
-ROOT = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "mulan")
-
 
 def load(name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Training split, standardised with its own mean/std: x float64 [N, D], y long [N, L]."""
-    path = f"{ROOT}/{name}/{name}"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        x, y, _, _ = arff_to_multilabel(load_arff(f"{path}-train.arff"), read_mulan_labels(f"{path}.xml"))
-    x, y = torch.from_numpy(x.copy()), torch.from_numpy(y.copy())
+    """Training split (the package's data cache, fetched by name where missing), standardised with its own
+    mean/std: x float64 [N, D], y long [N, L]."""
+    x, y, _, _ = load_mulan(name, "train", progress=False)
     return Standardizer.fit(x).transform(x).double(), y
 
 

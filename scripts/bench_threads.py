@@ -1,7 +1,7 @@
 """Training time with one torch thread vs torch's default thread count, side by side.
 
     python scripts/bench_threads.py [--epochs 60] [--repeats 3] [--models fixed_tree full]
-                                    [--data emotions] [--root ../shared/data/mulan]
+                                    [--data emotions] [--root <mulan folder>]
                                     [--together 2] [--out scripts/results/bench_threads[_together].json]
 
 Every run is a fresh ``python -m structtorch.train model=M data=D logger=none model.solver=adam
@@ -34,12 +34,14 @@ from benchutil import write_results
 REPO = Path(__file__).resolve().parents[1]
 
 
-def start(model: str, data: str, root: str, epochs: int, threads: int | str | None, out: str) -> subprocess.Popen:
+def start(model: str, data: str, root: str | None, epochs: int, threads: int | str | None, out: str
+          ) -> subprocess.Popen:
     """A fresh training subprocess with ``threads`` torch threads (None: torch's default; "auto": follow the load),
-    its run directory ``out``."""
+    its run directory ``out``; the data from ``root`` (None: the package's data cache, by name)."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    cmd = [sys.executable, "-m", "structtorch.train", f"model={model}", f"data={data}", f"data.root={root}",
-           "logger=none", "model.solver=adam", f"trainer.max_epochs={epochs}", "trainer.enable_progress_bar=false",
+    cmd = [sys.executable, "-m", "structtorch.train", f"model={model}", f"data={data}",
+           *([] if root is None else [f"data.root={root}"]), "logger=none", "model.solver=adam",
+           f"trainer.max_epochs={epochs}", "trainer.enable_progress_bar=false",
            "trainer.enable_checkpointing=false", "test=false",
            f"trainer.num_threads={'null' if threads is None else threads}", f"hydra.run.dir={out}"]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -53,13 +55,13 @@ def finish(proc: subprocess.Popen, out: str) -> float:
     return float(json.loads((Path(out) / "metrics.json").read_text())["train_seconds"])
 
 
-def train_seconds(model: str, data: str, root: str, epochs: int, threads: int | str | None) -> float:
+def train_seconds(model: str, data: str, root: str | None, epochs: int, threads: int | str | None) -> float:
     """train_seconds of one fresh training subprocess (``start``)."""
     with tempfile.TemporaryDirectory() as out:
         return finish(start(model, data, root, epochs, threads, out), out)
 
 
-def together_seconds(model: str, data: str, root: str, epochs: int, threads: int | str | None, jobs: int
+def together_seconds(model: str, data: str, root: str | None, epochs: int, threads: int | str | None, jobs: int
                      ) -> list[float]:
     """train_seconds of ``jobs`` identical training subprocesses started at the same moment."""
     outs = [tempfile.mkdtemp() for _ in range(jobs)]
@@ -67,7 +69,7 @@ def together_seconds(model: str, data: str, root: str, epochs: int, threads: int
     return [finish(proc, out) for proc, out in zip(procs, outs)]
 
 
-def run_together(models: list[str], data: str, root: str, epochs: int, repeats: int, jobs: int) -> list[dict]:
+def run_together(models: list[str], data: str, root: str | None, epochs: int, repeats: int, jobs: int) -> list[dict]:
     """``jobs`` runs started together, with torch's default threads each (``null``) and following the load
     (``auto``), alternating; the slowest run of each round (the sweep's wall time), best of ``repeats``."""
     rows = []
@@ -85,7 +87,7 @@ def run_together(models: list[str], data: str, root: str, epochs: int, repeats: 
     return rows
 
 
-def run(models: list[str], data: str, root: str, epochs: int, repeats: int) -> list[dict]:
+def run(models: list[str], data: str, root: str | None, epochs: int, repeats: int) -> list[dict]:
     rows = []
     for model in models:
         times: dict[str, list[float]] = {"one": [], "default": []}
@@ -108,7 +110,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--models", nargs="+", default=["fixed_tree", "full"])
     ap.add_argument("--data", default="emotions")
-    ap.add_argument("--root", default=str((REPO / ".." / "shared" / "data" / "mulan").resolve()))
+    ap.add_argument("--root", default=None, help="a local Mulan folder (default: the package's data cache)")
     ap.add_argument("--together", type=int, default=0,
                     help="start this many runs at once, torch's default threads each against num_threads=auto")
     ap.add_argument("--out", default=None, help="default: scripts/results/bench_threads[_together].json")
