@@ -42,12 +42,15 @@ def dense_features(y: torch.Tensor, num_features: int, seed: int = 0) -> torch.T
     return y.float() @ A + 1.5 * torch.randn(len(y), num_features, generator=gen)
 
 
+def arff_header(relation: str, D: int, L: int, feature_type: str) -> list[str]:
+    """An ARFF header up to ``@data``: D features f<j> of ``feature_type``, then L {0,1} labels label<j>."""
+    return [f"@relation {relation}", "", *[f"@attribute f{j} {feature_type}" for j in range(D)],
+            *[f"@attribute label{j} {{0,1}}" for j in range(L)], "", "@data"]
+
+
 def write_arff(path: Path, relation: str, x: torch.Tensor, y: torch.Tensor) -> None:
     """Sparse ARFF of x [N, D] in {0, 1} then y [N, L] as {0,1} attributes named f<j> and label<j>."""
-    D, L = x.shape[1], y.shape[1]
-    lines = [f"@relation {relation}", ""]
-    lines += [f"@attribute f{j} {{0,1}}" for j in range(D)] + [f"@attribute label{j} {{0,1}}" for j in range(L)]
-    lines += ["", "@data"]
+    lines = arff_header(relation, x.shape[1], y.shape[1], "{0,1}")
     for row in torch.cat([x.long(), y], 1):
         lines.append("{" + ",".join(f"{j} 1" for j in row.nonzero().flatten().tolist()) + "}")
     path.write_text("\n".join(lines) + "\n")
@@ -55,10 +58,7 @@ def write_arff(path: Path, relation: str, x: torch.Tensor, y: torch.Tensor) -> N
 
 def write_dense_arff(path: Path, relation: str, x: torch.Tensor, y: torch.Tensor) -> None:
     """Dense ARFF of x [N, D] (numeric attributes f<j>, 4 decimals) then y [N, L] as {0,1} attributes label<j>."""
-    D, L = x.shape[1], y.shape[1]
-    lines = [f"@relation {relation}", ""]
-    lines += [f"@attribute f{j} numeric" for j in range(D)] + [f"@attribute label{j} {{0,1}}" for j in range(L)]
-    lines += ["", "@data"]
+    lines = arff_header(relation, x.shape[1], y.shape[1], "numeric")
     for xs, ys in zip(x.tolist(), y.tolist()):
         lines.append(",".join([f"{v:.4f}" for v in xs] + [str(v) for v in ys]))
     path.write_text("\n".join(lines) + "\n")

@@ -182,11 +182,11 @@ class DualCD:
 
     def _set_stage(self, rho: float) -> None:
         """The continuation's stage rho' (the bias input 1 / sqrt(rho'))."""
-        self.stage = rho
-        self.x[:, -1] = 1.0 / math.sqrt(rho)
-        if self.rows is not None:  # the bias column is constant: z's stays 0, its c is the new input
-            self.rows.c[-1] = self.x[0, -1]
-            self.rows.q = self.x.pow(2).sum(1)
+        self.stage, bias_input = rho, 1.0 / math.sqrt(rho)
+        self.x[:, -1] = bias_input
+        if self.rows is not None:  # the bias column is constant: z's stays 0, its c and every |x_i|^2 move with it
+            self.rows.q += bias_input**2 - float(self.rows.c[-1]) ** 2
+            self.rows.c[-1] = bias_input
         self.last = None
 
     def _gap_note(self) -> str:
