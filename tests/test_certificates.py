@@ -169,7 +169,10 @@ def test_rta_on_medical_shaped_data_never_stops_on_a_negative_gap(tmp_path):
     converged."""
     x, y = sparse_multilabel(120, num_features=600, num_labels=40, seed=1)
     model = RTA(x.shape[1], y.shape[1], solver_iters=1)  # defaults (10 trees, K 8 doubling to 32), a pass an epoch
-    loader = torch.utils.data.DataLoader(indexed_dataset(x, y), batch_size=50, shuffle=True)
+    # a seeded order (seeds 0-7: 61-98% of the searches certified): the global RNG's order, which the earlier tests'
+    # draws decide, once had every search certified after test_rta.py's tests ran first in the same process
+    loader = torch.utils.data.DataLoader(indexed_dataset(x, y), batch_size=50, shuffle=True,
+                                         generator=torch.Generator().manual_seed(0))
 
     class Data(L.LightningDataModule):
         train_tensors = (x, y)

@@ -14,12 +14,12 @@ import math
 import torch
 from torch import nn
 
-from ..graph import Graph, check_int
+from ..graph import Graph, check_float, check_int
 from ..potentials import Potentials
 from .base import Energy
 from .linear import check_num_models, feature_gram
 
-__all__ = ["FEATURE_MAPS", "TreeEnsembleEnergy"]
+__all__ = ["FEATURE_MAPS", "TreeEnsembleEnergy", "additive_part"]
 
 #: TreeEnsembleEnergy's varphi(x): x / |x| (the paper's), x / sqrt(D), x as given
 FEATURE_MAPS = ("row", "global", "none")
@@ -32,6 +32,11 @@ def _feature_map(normalize: bool | str) -> str:
     if normalize not in FEATURE_MAPS:
         raise ValueError(f"normalize must be True, False or one of {FEATURE_MAPS}, got {normalize!r}")
     return normalize
+
+
+def additive_part(table: torch.Tensor) -> torch.Tensor:
+    """The orthogonal projection of tables t [..., K, K] onto sums a(y_i) + b(y_j): row mean + column mean - mean."""
+    return table.mean(-1, keepdim=True) + table.mean(-2, keepdim=True) - table.mean((-1, -2), keepdim=True)
 
 
 class TreeEnsembleEnergy(Energy):
@@ -49,6 +54,12 @@ class TreeEnsembleEnergy(Energy):
             norms; with either, each tree's features are scaled by 1 / sqrt(n-1). "none" (or False): x as given, no
             scaling. ``set_feature_map`` switches between "row" and "global" (``RTA``'s normalize="auto").
         num_models: M models trained at once (regularisation grid, CV folds), or None.
+        interaction_l2: the l2 weight of the input-dependent interaction part of each edge table, relative to the
+            rest (1: the paper's psi_ij). The weights' table over (y_i, y_j) splits orthogonally into a sum of terms
+            in y_i and in y_j (``additive_part``) and the interaction; the interaction's joint features are scaled
+            by gamma = 1 / sqrt(interaction_l2), which is the same as weighting its l2 that much more; inf: no
+            input-dependent interaction (gamma = 0). The biases' tables (input-independent interactions) keep
+            weight 1.
 
     Potentials: unary zeros [(M,) B, n, K]; pairwise [(M,) B, T, n-1, K, K]. Parameters: weight
     [(M,) T, n-1, K*K, D], bias [(M,) T, n-1, K*K]. Buffers (checkpointed): ``tree_edges``, the trees,
@@ -59,9 +70,12 @@ class TreeEnsembleEnergy(Energy):
     is_linear = True
 
     def __init__(self, num_features: int, trees: Graph, num_states: int = 2, bias: bool = True,
-                 normalize: bool | str = True, num_models: int | None = None) -> None:
+                 normalize: bool | str = True, num_models: int | None = None, interaction_l2: float = 1.0) -> None:
         super().__init__()
         check_num_models(num_models)
+        check_float(interaction_l2, "interaction_l2", 0.0, expected="a number > 0 (inf: no input-dependent "
+                    "interaction)")
+        self.interaction_scale = 1.0 / math.sqrt(interaction_l2)  # gamma
         if not isinstance(trees, Graph) or not trees.is_ensemble:
             raise ValueError(f"trees must be an ensemble Graph with edges [T, n-1, 2], got {trees!r}")
         trees.require_spanning_trees("TreeEnsembleEnergy")
@@ -109,6 +123,7 @@ class TreeEnsembleEnergy(Energy):
         """x [B, D] -> Potentials (unary [(M,) B, n, K] zeros, pairwise [(M,) B, T, n-1, K, K])."""
         K, n = self.num_states, self.graph.num_nodes
         s = torch.einsum("...tecd,bd->...btec", self.weight, self.features(x))  # [(M,) B, T, n-1, K*K]
+        s = self.scale_interaction(s.unflatten(-1, (K, K))).flatten(-2)
         if self.bias is not None:
             s = s + self.bias.unsqueeze(-4)
         pair = (s * self.tree_scale).unflatten(-1, (K, K))
@@ -129,7 +144,19 @@ class TreeEnsembleEnergy(Energy):
         [(M,) B, T(n-1), K, K] in the flat layout of ``lift_models`` (pairwise / T, trees one after the other); see
         ``FinleyJoachimsEnergy.block_gram``."""
         T, B = self.graph.num_graphs, x.shape[0]
-        feat = feature_gram(self.features(x), bias_scale if self.bias is not None else None)
-        pair = torch.einsum(f"...beij,...ceij->...{'' if summed else 'e'}bc", d_pair, d_pair)
+        gram = f"...beij,...ceij->...{'' if summed else 'e'}bc"
+        plain, bias = torch.einsum(gram, d_pair, d_pair), bias_scale if self.bias is not None else None
+        if self.interaction_scale == 1.0:
+            pair = plain * feature_gram(self.features(x), bias)
+        else:  # the weights' part of the gradient is scale_interaction(d) (a symmetric operator), the biases' d
+            scaled = self.scale_interaction(d_pair)
+            pair = torch.einsum(gram, scaled, scaled) * feature_gram(self.features(x), None) + plain * (bias or 0.0)
         nodes = d_unary.new_zeros(*d_unary.shape[:-3], *(() if summed else (self.graph.num_nodes,)), B, B)
-        return nodes, pair * feat * (self.tree_scale / T) ** 2
+        return nodes, pair * (self.tree_scale / T) ** 2
+
+    def scale_interaction(self, table: torch.Tensor) -> torch.Tensor:
+        """An edge table [..., K, K] with its interaction part (``additive_part``'s rest) times gamma."""
+        if self.interaction_scale == 1.0:
+            return table
+        additive = additive_part(table)
+        return additive + self.interaction_scale * (table - additive)
