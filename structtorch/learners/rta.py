@@ -114,7 +114,8 @@ class RTA(StructuredLearner):
             enron's shape (``scripts/mulan_like.py --shape enron --cardinality 3.38``, labels that follow their
             keywords independently), one tree (exact inference), lambda 3.1e-6: subset / example F1 61.83 / 91.81 at
             1, 67.70 / 92.98 at inf (Independent 67.18 / 92.70); 10 trees at 0.1 times model.l2=auto: 61.83 / 91.17
-            at 1, 68.05 / 92.91 at inf. On emotions, scene, flags, yeast and birds 1 was better (README, RTA).
+            at 1, 68.05 / 92.91 at inf. On the test files of emotions, scene, flags, yeast and birds 1 had the
+            better example F1 on all five and subset accuracy on all but birds (README, RTA).
         Other args as ``StructuredLearner``. The solver is BCFW (certified) by default; adam/sgd run the same
         hinge by gradient steps.
     """
