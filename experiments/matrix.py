@@ -31,8 +31,8 @@ from pathlib import Path
 from runner import ROOT
 from tables import SCORES, markdown, merge_rows, read_rows, write_table
 
-from structtorch.data import fetch_mulan, mulan_cache_dir, mulan_datasets, read_mulan_labels
-from structtorch.data.download import mulan_files
+from structtorch.data import fetch_mulan, mulan_datasets, read_mulan_labels
+from structtorch.data.download import mulan_files, uncached_mulan_files
 
 MODELS = ["independent", "fixed_tree", "full", "crank", "greedy", "mst", "project", "rta", "mam", "tree_crf"]
 PEERS = ["sklearn BR-LinearSVC", "sklearn ECC"]
@@ -43,10 +43,9 @@ def cached_datasets() -> list[str]:
     """The Mulan datasets whose files are all in the data cache, in the catalog's order."""
     def cached(data: str) -> bool:
         try:
-            files = mulan_files(data)
+            return not uncached_mulan_files(data)
         except ValueError:  # the collection has no data files for it
             return False
-        return all((mulan_cache_dir() / "mulan" / data / f.file).is_file() for f in files.values())
     return [d for d in mulan_datasets() if cached(d)]
 
 

@@ -71,13 +71,13 @@ def cached_mulan(name: str, split: str = "train") -> tuple[torch.Tensor, torch.T
     ``offline_mulan_cache`` where that copy exists); skips the test, saying where it looked, when the cache lacks
     a file of the dataset (tests never download)."""
     from structtorch.data import load_mulan, mulan_cache_dir
-    from structtorch.data.download import mulan_files
+    from structtorch.data.download import uncached_mulan_files
 
-    directory = mulan_cache_dir() / "mulan" / name
-    missing = [f.file for f in mulan_files(name).values() if not (directory / f.file).is_file()]
+    missing = uncached_mulan_files(name)
     if missing:
-        pytest.skip(f"Mulan {name!r} is not in the data cache {directory} (missing {', '.join(missing)}); "
-                    f"set STRUCTTORCH_DATA to a filled cache, or put ../shared/data/mulan beside the checkout")
+        pytest.skip(f"Mulan {name!r} is not in the data cache {mulan_cache_dir() / 'mulan' / name} (missing "
+                    f"{', '.join(missing)}); set STRUCTTORCH_DATA to a filled cache, or put ../shared/data/mulan "
+                    f"beside the checkout")
     return load_mulan(name, split)
 
 

@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 __all__ = ["CATALOG_PATH", "HORSES_SUMS_PATH", "MULAN_COMMIT", "MULAN_RAW_URL", "CatalogFile", "DownloadError",
            "fetch_mulan", "fill_cache_from", "fill_horses_cache", "horses_checksums", "horses_dir", "mulan_cache_dir",
-           "mulan_catalog", "mulan_datasets", "mulan_files"]
+           "mulan_catalog", "mulan_datasets", "mulan_files", "uncached_mulan_files"]
 
 MULAN_COMMIT = "43f6389095ad71984264db4387a8074b22bc7d4a"
 MULAN_RAW_URL = f"https://raw.githubusercontent.com/tsoumakas/mulan/{MULAN_COMMIT}/data/multi-label"
@@ -142,6 +142,13 @@ def _with_partners(variants: dict[tuple[str, bool], CatalogFile], role: str, spa
 def mulan_cache_dir() -> Path:
     """``$STRUCTTORCH_DATA`` (default ``~/.cache/structtorch``); Mulan files live under ``<it>/mulan``."""
     return Path(os.path.expanduser(os.environ.get("STRUCTTORCH_DATA") or "~/.cache/structtorch"))
+
+
+def uncached_mulan_files(name: str) -> list[str]:
+    """The files of Mulan dataset ``name`` (``mulan_files``) that the data cache ``<cache>/mulan/<name>/`` lacks: []
+    once it holds them all (present, not checked against the catalog's sha256). ValueError as ``mulan_files``."""
+    directory = mulan_cache_dir() / "mulan" / name
+    return [f.file for f in mulan_files(name).values() if not (directory / f.file).is_file()]
 
 
 def fetch_mulan(name: str, root: str | os.PathLike | None = None, url: str | None = None,
