@@ -135,7 +135,7 @@ class RTAConfig(ModelConfig):
     margin: str = "auto"  # hamming up to 22 labels or at label density >= 0.05, else zero_one (Def. 6)
     bias_reg: float = 1.0
     independent_start: bool = True  # BCFW starts at the dual point of Independent's solution (product distributions)
-    interaction_l2: float = 1.0  # l2 weight of the edge tables' x-dependent interaction (1: the paper's; inf: none)
+    interaction_l2: Any = 1.0  # edge tables' x-dependent interaction's l2 weight: 1 (paper's), inf (none), auto (CV)
 
 
 @dataclass

@@ -16,13 +16,14 @@ from torch.utils._pytree import tree_flatten
 from structtorch import Graph, Potentials
 from structtorch.config import MAMConfig, RTAConfig
 from structtorch.data import MultilabelDataModule, SyntheticDataModule, sparse_multilabel
+from structtorch.data.datamodule import indexed_dataset
 from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy, TreeEnsembleEnergy
 from structtorch.energies.ensemble import additive_part
 from structtorch.inference import ensemble_map, tree_kbest
 from structtorch.inference.kbest import ensemble_union
 from structtorch.learners import LEARNERS, RTA
 from structtorch.learners.base import StructuredLearner
-from structtorch.learners.rta import AUTO_L2_TREES, EDGE_L2, HAMMING_MAX_LABELS, HAMMING_MIN_DENSITY
+from structtorch.learners.rta import AUTO_L2_TREES, EDGE_L2, HAMMING_MAX_LABELS, HAMMING_MIN_DENSITY, INTERACTION_CV_Z
 from structtorch.solvers import (
     BCFW,
     DualCD,
@@ -494,6 +495,69 @@ def test_rta_interaction_l2_shrinks_the_input_dependent_couplings(small):
     assert RTA(3, 4).hparams.interaction_l2 == RTAConfig().interaction_l2 == 1.0
     with pytest.raises(ValueError, match="interaction_l2 must be a number > 0"):
         RTA(small.num_features, small.num_labels, interaction_l2=0.0)
+
+
+def _xor_pair(num_examples: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two labels whose coupling depends on x: y_1 = [x_0 > 0], y_2 = y_1 xor [x_1 > 0] (x [N, 5], y [N, 2])."""
+    x = torch.randn(num_examples, 5, generator=torch.Generator().manual_seed(0))
+    a, s = x[:, 0] > 0, x[:, 1] > 0
+    return x, torch.stack([a, a ^ s], 1).long()
+
+
+def _chooser(x: torch.Tensor, y: torch.Tensor, **kwargs) -> RTA:
+    """An RTA with interaction_l2="auto" set up for ``choose_interaction`` on x, y outside a Trainer."""
+    model = RTA(x.shape[1], y.shape[1], interaction_l2="auto", **kwargs)
+    model.label_cardinality = float(y.sum(1, dtype=torch.float64).mean())
+    model.resolve_l2(len(x))
+    return model
+
+
+def test_rta_interaction_l2_auto_leaves_the_papers_features_only_where_held_out_rows_say_so():
+    """interaction_l2="auto" (``choose_interaction``): where each label follows its own keywords (enron-like rows:
+    an x-dependent coupling only fits noise) one tree without x-dependent interactions, at a tenth of lambda, wins
+    the CV far beyond INTERACTION_CV_Z (measured z = 4.0) and is chosen, lambda with it; where the coupling itself
+    depends on x (y_2 = y_1 xor [x_1 > 0]) the paper's features stay (z = -7.7). A given lambda is not scaled."""
+    x, y = sparse_multilabel(120, num_features=100, num_labels=5, cardinality=2.0, seed=0)
+    model = _chooser(x, y)
+    lam = model.l2_grid[0]
+    report = model.choose_interaction(x, y)
+    assert report["chosen"] == "inf" and report["z"]["inf"] > 2 * INTERACTION_CV_Z, report
+    assert model.energy.interaction_l2 == float("inf") and model.l2_grid == pytest.approx([lam / 10])
+    given = _chooser(x, y, l2=lam)  # both candidates at this lambda, whichever is chosen
+    assert given.choose_interaction(x, y)["l2"] == given.l2_grid == [lam]
+    x, y = _xor_pair(150)
+    model = _chooser(x, y)
+    lam = model.l2_grid[0]
+    report = model.choose_interaction(x, y)
+    assert report["chosen"] == "1" and report["z"]["inf"] < -2 * INTERACTION_CV_Z and all(report["certified"].values())
+    assert model.energy.interaction_l2 == 1.0 and model.l2_grid == [lam]
+    with pytest.raises(ValueError, match="interaction_l2 must be a number > 0 .* or 'auto'"):
+        RTA(3, 4, interaction_l2="none")
+
+
+def test_rta_interaction_l2_auto_choice_is_kept_by_checkpoints(tmp_path, monkeypatch):
+    """A fit with interaction_l2="auto" chooses once: its checkpoint reloads with the chosen interactions and
+    lambda (the same predictions), and a resumed fit does not choose again."""
+    x, y = sparse_multilabel(150, num_features=150, num_labels=6, cardinality=2.0, seed=0)
+
+    class Data(L.LightningDataModule):
+        train_tensors = (x, y)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(indexed_dataset(x, y), batch_size=50)
+
+    first = RTA(x.shape[1], y.shape[1], num_trees=3, interaction_l2="auto", solver_iters=2)
+    trainer(tmp_path, epochs=2).fit(first, datamodule=Data())
+    assert first.interaction_choice["chosen"] == "inf" and first.energy.interaction_l2 == float("inf")
+    assert first.structure_summary()["interaction_choice"] is first.interaction_choice
+    ckpt = str(next(tmp_path.rglob("*.ckpt")))
+    again = RTA.load_from_checkpoint(ckpt)
+    assert again.energy.interaction_l2 == float("inf") and again.l2_grid == first.l2_grid
+    torch.testing.assert_close(again(x[:50]), first(x[:50]))
+    monkeypatch.setattr(RTA, "choose_interaction", lambda *a: pytest.fail("chose again on resume"))
+    resumed = RTA(x.shape[1], y.shape[1], num_trees=3, interaction_l2="auto", solver_iters=2)
+    trainer(tmp_path, epochs=3).fit(resumed, datamodule=Data(), ckpt_path=ckpt)
+    assert resumed.energy.interaction_l2 == float("inf") and resumed.l2_grid == first.l2_grid
 
 
 @pytest.mark.parametrize("kind", ["forest-K3", "ensemble"])

@@ -73,9 +73,7 @@ class TreeEnsembleEnergy(Energy):
                  normalize: bool | str = True, num_models: int | None = None, interaction_l2: float = 1.0) -> None:
         super().__init__()
         check_num_models(num_models)
-        check_float(interaction_l2, "interaction_l2", 0.0, expected="a number > 0 (inf: no input-dependent "
-                    "interaction)")
-        self.interaction_scale = 1.0 / math.sqrt(interaction_l2)  # gamma
+        self.set_interaction_l2(interaction_l2)
         if not isinstance(trees, Graph) or not trees.is_ensemble:
             raise ValueError(f"trees must be an ensemble Graph with edges [T, n-1, 2], got {trees!r}")
         trees.require_spanning_trees("TreeEnsembleEnergy")
@@ -103,6 +101,12 @@ class TreeEnsembleEnergy(Energy):
         self.feature_map_index.fill_(FEATURE_MAPS.index(name))
         if x is not None:
             self.global_norm.fill_(float(x.double().pow(2).sum(-1).mean().sqrt()))
+
+    def set_interaction_l2(self, interaction_l2: float) -> None:
+        """Set the input-dependent interaction's l2 weight (see the class): gamma = 1 / sqrt(interaction_l2)."""
+        check_float(interaction_l2, "interaction_l2", 0.0, expected="a number > 0 (inf: no input-dependent "
+                    "interaction)")
+        self.interaction_l2, self.interaction_scale = float(interaction_l2), 1.0 / math.sqrt(interaction_l2)
 
     @property
     def tree_scale(self) -> float:

@@ -24,6 +24,7 @@ certified, and the mean K used; the ensemble's edge frequencies as a picture.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -39,7 +40,7 @@ from ..losses import total_score
 from ..metrics import example_scores
 from ..plots import heatmap_figure
 from ..potentials import Potentials
-from ..progress import budget_share, phase
+from ..progress import budget_share, out_of_time, phase
 from ..solvers import BCFW, EnsembleOracle, Oracle
 from ..solvers.dcd import independent_svms
 from ..structure import random_spanning_trees
@@ -78,7 +79,21 @@ AUTO_L2_TREES = 10
 #: Independent on the test file: 25.4 / 60.7 subset / F1 against 24.8 / 60.0; RTA 26.2 / 62.0 against 24.4 / 60.6).
 FEATURE_CV_FOLDS, FEATURE_CV_METRICS = 3, ("subset_acc", "example_f1")
 
-__all__ = ["AUTO_L2_TREES", "EDGE_L2", "HAMMING_MAX_LABELS", "HAMMING_MIN_DENSITY", "MAM", "RTA"]
+#: interaction_l2="auto": the candidates (interaction_l2, factor on model.l2=auto) ``choose_interaction`` compares: the
+#: paper's joint features at the default lambda, and no input-dependent interaction at a tenth of it. Measured (test
+#: subset / example F1, README, RTA): at enron's shape (``scripts/mulan_like.py``) 60.97 / 91.09 and 68.05 / 92.91
+#: (Independent 67.18 / 92.70); emotions 29.70 / 59.95 and 26.24 / 62.31, flags 21.54 / 74.10 and 10.77 / 69.37,
+#: scene 64.72 / 69.62 and 64.88 / 70.60. The second alone at the default lambda: 58.55 at enron's shape.
+INTERACTION_CANDIDATES = ((1.0, 1.0), (math.inf, 0.1))
+#: ``choose_interaction``'s CV: folds, each fold's relative gap and BCFW epochs at most, and the share of the time left
+#: for each candidate
+INTERACTION_CV_FOLDS, INTERACTION_CV_TOL, INTERACTION_CV_EPOCHS, INTERACTION_CV_SHARE = 3, 0.05, 1000, 0.1
+#: ``choose_interaction`` leaves the paper's candidate only for one whose held-out score per row beats it by more than
+#: this many standard errors of the paired difference (a one-sided test at 5%)
+INTERACTION_CV_Z = 1.645
+
+__all__ = ["AUTO_L2_TREES", "EDGE_L2", "HAMMING_MAX_LABELS", "HAMMING_MIN_DENSITY", "INTERACTION_CANDIDATES", "MAM",
+           "RTA"]
 
 
 class RTA(StructuredLearner):
@@ -109,8 +124,10 @@ class RTA(StructuredLearner):
             (much smaller values make BCFW's steps crawl along the bias).
         independent_start: BCFW starts at the dual point of Independent's solution (``dual_start``), not at w = 0.
         interaction_l2: the l2 weight of each edge table's input-dependent interaction part relative to the rest
-            (``TreeEnsembleEnergy``): 1 (default) is the paper's joint features; inf keeps only input-dependent terms
-            in y_i and in y_j (sums of node terms) and the biases' input-independent interactions. Measured at
+            (``TreeEnsembleEnergy``): 1 is the paper's joint features; inf keeps only input-dependent terms
+            in y_i and in y_j (sums of node terms) and the biases' input-independent interactions; "auto" (default):
+            one of ``INTERACTION_CANDIDATES`` (with model.l2=auto, each with its factor on lambda) by a CV of one
+            tree (``choose_interaction``). Measured at
             enron's shape (``scripts/mulan_like.py --shape enron --cardinality 3.38``, labels that follow their
             keywords independently), one tree (exact inference), lambda 3.1e-6: subset / example F1 61.83 / 91.81 at
             1, 67.70 / 92.98 at inf (Independent 67.18 / 92.70); 10 trees at 0.1 times model.l2=auto: 61.83 / 91.17
@@ -170,10 +187,13 @@ class RTA(StructuredLearner):
     def __init__(self, num_features: int, num_labels: int, num_trees: int = 10, k: int = 8,
                  k_max: int | None = None, seed: int = 0, normalize: bool | str = "auto", margin: str = "auto",
                  l2: float | list[float] | str = "auto", bias_reg: float = 1.0, independent_start: bool = True,
-                 interaction_l2: float = 1.0, **kwargs) -> None:
+                 interaction_l2: float | str = 1.0, **kwargs) -> None:
         for name, v, low in (("num_trees", num_trees, 1), ("k", k, 1), ("num_labels", num_labels, 2)):
             check_int(v, f"RTA: {name}", low)
         check_bool(independent_start, "RTA: independent_start")
+        if interaction_l2 != "auto":
+            check_float(interaction_l2, "RTA: interaction_l2", 0.0, expected="a number > 0 (inf: no input-dependent "
+                        "interaction) or 'auto'")
         k_max = max(k, min(2 * num_labels, 32)) if k_max is None else k_max
         check_int(k_max, "RTA: k_max", k, expected=f"an int >= k={k}")
         self._trees = random_spanning_trees(num_labels, num_trees, torch.Generator().manual_seed(seed))
@@ -186,12 +206,14 @@ class RTA(StructuredLearner):
         self.certified = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
         self.mean_k = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
         self.feature_choice: dict[str, Any] | None = None  # choose_feature_map's report
+        self.interaction_choice: dict[str, Any] | None = None  # choose_interaction's report (kept in checkpoints)
         self.label_cardinality = 1.0  # the training rows' mean label count (``auto_l2``, ``margin``), set in fit
 
     def build_energy(self) -> TreeEnsembleEnergy:
         normalize = "row" if self.hparams.normalize == "auto" else self.hparams.normalize  # until the fit chooses
+        interaction_l2 = 1.0 if self.hparams.interaction_l2 == "auto" else self.hparams.interaction_l2  # until chosen
         return TreeEnsembleEnergy(self.hparams.num_features, self._trees, normalize=normalize,
-                                  num_models=self.num_models, interaction_l2=self.hparams.interaction_l2)
+                                  num_models=self.num_models, interaction_l2=interaction_l2)
 
     def setup(self, stage: str) -> None:
         """Fitting: the training rows' ``label_cardinality`` (for model.margin=auto and model.l2=auto), the base's
@@ -244,6 +266,95 @@ class RTA(StructuredLearner):
         rank_zero_info(f"RTA: normalize=auto chose varphi = {chosen!r} (held-out subset accuracy + example F1 of "
                        f"Independent: row {scores['row']:.4f}, global {scores['global']:.4f})")
         return {"chosen": chosen, "scores": scores, "folds": FEATURE_CV_FOLDS}
+
+    def on_fit_start(self) -> None:
+        """interaction_l2="auto": ``choose_interaction`` (unless a resumed checkpoint holds the choice), then the
+        base's start of the fit."""
+        if self.hparams.interaction_l2 == "auto" and self.interaction_choice is None:
+            x, y = training_set(self.trainer)
+            self.interaction_choice = self.choose_interaction(x.to(self.fit_device), y.to(self.fit_device))
+        super().on_fit_start()
+
+    def choose_interaction(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+        """interaction_l2="auto": set interaction_l2 (and with model.l2=auto, lambda times its factor) to an entry of
+        ``INTERACTION_CANDIDATES`` by an ``INTERACTION_CV_FOLDS``-fold CV of one tree on the training rows x [N, D],
+        y [N, n] (``held_out_one_tree``), scored per row by held-out ``FEATURE_CV_METRICS`` (summed). The paper's (the
+        first) stays unless another beats it by more than ``INTERACTION_CV_Z`` standard errors of the paired
+        difference (then the best-scoring such). The fits stop at the time share ``INTERACTION_CV_SHARE`` each,
+        certified or not (reported): a smaller lambda fits more slowly, so a cut-off fit plays against it. One tree
+        at T times the ensemble's lambda regularises a function of the labels as the T trees do (each tree carries
+        all of the ensemble's mean), and its search is exact. Returns the scores, z, certified, and the choice."""
+        fold = fold_assignment(len(x), INTERACTION_CV_FOLDS, seed=0).to(x.device)
+        grid, auto, T = self.l2_grid, self.hparams.l2 == "auto", self.trees.num_graphs
+        lam = grid[len(grid) // 2]
+        rows = {}  # held-out subset accuracy + example F1 per row [N]
+        with phase(f"RTA interaction_l2=auto: {INTERACTION_CV_FOLDS}-fold CV of one tree"):
+            certified = {}
+            for r, factor in INTERACTION_CANDIDATES:
+                with budget_share(INTERACTION_CV_SHARE):
+                    y_hat, certified[r] = self.held_out_one_tree(x, y, r, T * lam * (factor if auto else 1.0), fold)
+                rows[r] = sum(example_scores(m, y_hat, y).double() for m in FEATURE_CV_METRICS)
+        paper, scores = rows[INTERACTION_CANDIDATES[0][0]], {r: float(v.mean()) for r, v in rows.items()}
+        z = {r: float((v - paper).mean() / (v - paper).std().div(len(v) ** 0.5).clamp_min(1e-12)) for r, v in
+             rows.items()}  # the paired difference to the paper's in standard errors
+        better = [c for c in INTERACTION_CANDIDATES if z[c[0]] > INTERACTION_CV_Z]
+        chosen, factor = max(better, key=lambda c: scores[c[0]]) if better else INTERACTION_CANDIDATES[0]
+        self.energy.set_interaction_l2(chosen)
+        if auto:
+            self._l2_grid = [lam * factor]
+        lam_note = f" and lambda {lam * factor:.4g}" if auto else ""
+        found = ", ".join(f"{r:g} {v:.4f} (z {z[r]:.2f}{'' if certified[r] else ', not certified'})"
+                          for r, v in scores.items())
+        rank_zero_info(f"RTA: interaction_l2=auto chose {chosen:g}{lam_note} (held-out subset accuracy + example F1 "
+                       f"of one tree: {found})")
+        return {"chosen": f"{chosen:g}", "l2": self.l2_grid, "folds": INTERACTION_CV_FOLDS,
+                **{key: {f"{r:g}": v[r] for r in rows} for key, v in
+                   (("scores", scores), ("z", z), ("certified", certified))}}
+
+    def held_out_one_tree(self, x: torch.Tensor, y: torch.Tensor, interaction_l2: float, lam: float,
+                          fold: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """Held-out predictions [N, n] of one-tree RTA models (the ensemble's first tree, this learner's feature map,
+        margin and bias_reg) at ``interaction_l2`` and ``lam``, one per fold of ``fold`` [N] trained by BCFW (from
+        ``dual_start``) on the other folds' rows of x [N, D], y [N, n], each predicting its own fold's rows; and
+        whether every fold's model was certified at ``INTERACTION_CV_TOL`` within ``INTERACTION_CV_EPOCHS`` and the
+        running time budget."""
+        F, n = INTERACTION_CV_FOLDS, self.hparams.num_labels
+        tree = Graph(n, self.trees.edges[:1].cpu())
+        energy = TreeEnsembleEnergy(self.hparams.num_features, tree, normalize=self.energy.feature_map, num_models=F,
+                                    interaction_l2=interaction_l2).to(x.device)
+        energy.global_norm.copy_(self.energy.global_norm)
+        masks = torch.stack([fold != f for f in range(F)])
+        solver = BCFW(energy, len(x), torch.full((F,), lam), oracle=EnsembleOracle(1), bias_reg=self.bias_reg,
+                      margin_scale=self.hparams.margin_scale, tol=INTERACTION_CV_TOL, mask=masks, margin=self.margin)
+        rows = torch.arange(len(x), device=x.device).split(1024)
+        full, order = [(x[i], y[i], i) for i in rows], torch.Generator().manual_seed(0)
+        q = self.dual_start(x, y, torch.full((F,), lam / self.trees.num_graphs), masks)  # as the T trees at lam / T
+        if q is not None:
+            solver.start_at(full, q)
+        for _ in range(INTERACTION_CV_EPOCHS):
+            for i in solver.start_pass(64, order, x.device):
+                if out_of_time():
+                    return self.predict_folds(energy, x, y, fold, rows), False
+                solver.step(x[i], y[i], i)
+            if solver.should_certify():
+                solver.duality_gap(full)
+                if not bool(solver.active.any()):
+                    return self.predict_folds(energy, x, y, fold, rows), True
+        return self.predict_folds(energy, x, y, fold, rows), False
+
+    @staticmethod
+    def predict_folds(energy: TreeEnsembleEnergy, x: torch.Tensor, y: torch.Tensor, fold: torch.Tensor,
+                      rows: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Each row's prediction [N, n] by the model (of ``energy``'s M, one per fold) of its own fold."""
+        y_hat = torch.empty_like(y)
+        with torch.no_grad():
+            for i in rows:
+                pot = energy(x[i])
+                for f in range(energy.num_models):
+                    mine = fold[i] == f
+                    own = Potentials(pot.unary[f][mine], pot.pairwise[f][mine], energy.graph)
+                    y_hat[i[mine]] = ensemble_map(own, 1)[0]
+        return y_hat
 
     @property
     def trees(self) -> Graph:
@@ -337,13 +448,19 @@ class RTA(StructuredLearner):
 
     # ------------------------------------------------------------------ structure
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """As the base's, with the training rows' ``label_cardinality`` (model.margin=auto's choice)."""
+        """As the base's, with the training rows' ``label_cardinality`` (model.margin=auto's choice) and
+        ``interaction_choice``."""
         super().on_save_checkpoint(checkpoint)
-        checkpoint["structtorch"]["label_cardinality"] = self.label_cardinality
+        checkpoint["structtorch"] |= {"label_cardinality": self.label_cardinality,
+                                      "interaction_choice": self.interaction_choice}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         self.label_cardinality = checkpoint.get("structtorch", {}).get("label_cardinality", self.label_cardinality)
+        choice = checkpoint.get("structtorch", {}).get("interaction_choice")
+        if choice is not None:  # interaction_l2="auto": the interactions (and lambda) it trained with
+            self.interaction_choice, self._l2_grid = choice, list(choice["l2"])
+            self.energy.set_interaction_l2(float(choice["chosen"]))
         weights = checkpoint.get("state_dict", {})
         if "energy.feature_map_index" not in weights:  # written before the feature maps: x / |x| or x as given
             weights["energy.feature_map_index"] = self.energy.feature_map_index.new_tensor(
@@ -357,7 +474,7 @@ class RTA(StructuredLearner):
     def structure_summary(self) -> dict[str, Any]:
         names, e = self.label_names, self.trees.edges
         return {"num_trees": self.trees.num_graphs, "is_forest": False, "feature_map": self.energy.feature_map,
-                "feature_choice": self.feature_choice,
+                "feature_choice": self.feature_choice, "interaction_choice": self.interaction_choice,
                 "trees": [[[names[a], names[b]] for a, b in tree.tolist()] for tree in e]}
 
     def structure_figure(self):
