@@ -536,8 +536,8 @@ def test_rta_interaction_l2_auto_leaves_the_papers_features_only_where_held_out_
 
 
 def test_rta_interaction_l2_auto_choice_is_kept_by_checkpoints(tmp_path, monkeypatch):
-    """A fit with interaction_l2="auto" chooses once: its checkpoint reloads with the chosen interactions and
-    lambda (the same predictions), and a resumed fit does not choose again."""
+    """A fit with interaction_l2="auto" keeps its choice in its checkpoint: it reloads with the chosen interactions
+    and lambda (the same predictions), and a resumed fit trains on with them whatever its own set-up chose."""
     x, y = sparse_multilabel(150, num_features=150, num_labels=6, cardinality=2.0, seed=0)
 
     class Data(L.LightningDataModule):
@@ -554,7 +554,11 @@ def test_rta_interaction_l2_auto_choice_is_kept_by_checkpoints(tmp_path, monkeyp
     again = RTA.load_from_checkpoint(ckpt)
     assert again.energy.interaction_l2 == float("inf") and again.l2_grid == first.l2_grid
     torch.testing.assert_close(again(x[:50]), first(x[:50]))
-    monkeypatch.setattr(RTA, "choose_interaction", lambda *a: pytest.fail("chose again on resume"))
+    def paper(model, *_):  # a set-up that chooses otherwise
+        model.energy.set_interaction_l2(1.0)
+        return {"chosen": "1", "l2": model.l2_grid}
+
+    monkeypatch.setattr(RTA, "choose_interaction", paper)
     resumed = RTA(x.shape[1], y.shape[1], num_trees=3, interaction_l2="auto", solver_iters=2)
     trainer(tmp_path, epochs=3).fit(resumed, datamodule=Data(), ckpt_path=ckpt)
     assert resumed.energy.interaction_l2 == float("inf") and resumed.l2_grid == first.l2_grid

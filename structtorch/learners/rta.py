@@ -125,9 +125,10 @@ class RTA(StructuredLearner):
         independent_start: BCFW starts at the dual point of Independent's solution (``dual_start``), not at w = 0.
         interaction_l2: the l2 weight of each edge table's input-dependent interaction part relative to the rest
             (``TreeEnsembleEnergy``): 1 is the paper's joint features; inf keeps only input-dependent terms
-            in y_i and in y_j (sums of node terms) and the biases' input-independent interactions; "auto" (default):
-            one of ``INTERACTION_CANDIDATES`` (with model.l2=auto, each with its factor on lambda) by a CV of one
-            tree (``choose_interaction``). Measured at
+            in y_i and in y_j (sums of node terms) and the biases' input-independent interactions; "auto": one of
+            ``INTERACTION_CANDIDATES`` (with model.l2=auto, each with its factor on lambda) by a CV of one tree
+            (``choose_interaction``; opt-in: its cost and its choices on data like users' are measured on too few
+            sets to make it the default, README, RTA). Measured at
             enron's shape (``scripts/mulan_like.py --shape enron --cardinality 3.38``, labels that follow their
             keywords independently), one tree (exact inference), lambda 3.1e-6: subset / example F1 61.83 / 91.81 at
             1, 67.70 / 92.98 at inf (Independent 67.18 / 92.70); 10 trees at 0.1 times model.l2=auto: 61.83 / 91.17
@@ -217,8 +218,9 @@ class RTA(StructuredLearner):
 
     def setup(self, stage: str) -> None:
         """Fitting: the training rows' ``label_cardinality`` (for model.margin=auto and model.l2=auto), the base's
-        set-up, then (normalize="auto") ``choose_feature_map`` on the training set. A resumed fit's checkpoint then
-        restores the map it trained with."""
+        set-up, then (normalize="auto") ``choose_feature_map`` and (interaction_l2="auto") ``choose_interaction`` on
+        the training set. A resumed fit's checkpoint then restores the map, the interactions and lambda it trained
+        with."""
         if stage != "fit":
             return super().setup(stage)
         x, y = training_set(self.trainer)  # once here (a plain train loader is read whole at each call)
@@ -233,6 +235,8 @@ class RTA(StructuredLearner):
             self.feature_choice = self.choose_feature_map(x, y)
         elif self.energy.feature_map == "global":
             self.energy.set_feature_map("global", x)
+        if self.hparams.interaction_l2 == "auto":
+            self.interaction_choice = self.choose_interaction(x.to(self.fit_device), y.to(self.fit_device))
 
     def choose_feature_map(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any] | None:
         """Set varphi to "row" or "global", whichever gives Independent's SVMs on varphi(x) at lambda n T / 4 (the
@@ -266,14 +270,6 @@ class RTA(StructuredLearner):
         rank_zero_info(f"RTA: normalize=auto chose varphi = {chosen!r} (held-out subset accuracy + example F1 of "
                        f"Independent: row {scores['row']:.4f}, global {scores['global']:.4f})")
         return {"chosen": chosen, "scores": scores, "folds": FEATURE_CV_FOLDS}
-
-    def on_fit_start(self) -> None:
-        """interaction_l2="auto": ``choose_interaction`` (unless a resumed checkpoint holds the choice), then the
-        base's start of the fit."""
-        if self.hparams.interaction_l2 == "auto" and self.interaction_choice is None:
-            x, y = training_set(self.trainer)
-            self.interaction_choice = self.choose_interaction(x.to(self.fit_device), y.to(self.fit_device))
-        super().on_fit_start()
 
     def choose_interaction(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
         """interaction_l2="auto": set interaction_l2 (and with model.l2=auto, lambda times its factor) to an entry of
