@@ -40,7 +40,7 @@ from ..losses import total_score
 from ..metrics import example_scores
 from ..plots import heatmap_figure
 from ..potentials import Potentials
-from ..progress import budget_share, out_of_time, phase
+from ..progress import budget_share, out_of_time, phase, tick
 from ..solvers import BCFW, EnsembleOracle, Oracle
 from ..solvers.dcd import independent_svms
 from ..structure import random_spanning_trees
@@ -327,11 +327,13 @@ class RTA(StructuredLearner):
         q = self.dual_start(x, y, torch.full((F,), lam / self.trees.num_graphs), masks)  # as the T trees at lam / T
         if q is not None:
             solver.start_at(full, q)
-        for _ in range(INTERACTION_CV_EPOCHS):
+        for epoch in range(INTERACTION_CV_EPOCHS):
             for i in solver.start_pass(64, order, x.device):
                 if out_of_time():
                     return self.predict_folds(energy, x, y, fold, rows), False
                 solver.step(x[i], y[i], i)
+            tick(epoch + 1, None, f"BCFW epochs at interaction_l2 {interaction_l2:g}",
+                 lambda: f"gap estimate {float(solver.gap_estimate().max()):.2g}")
             if solver.should_certify():
                 solver.duality_gap(full)
                 if not bool(solver.active.any()):
