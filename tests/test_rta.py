@@ -535,6 +535,19 @@ def test_rta_interaction_l2_auto_leaves_the_papers_features_only_where_held_out_
         RTA(3, 4, interaction_l2="none")
 
 
+def test_rta_interaction_l2_auto_cv_runs_on_at_most_interaction_cv_rows(monkeypatch):
+    """The CV's one-tree fits see a seeded subset of at most INTERACTION_CV_ROWS training rows, the same each call."""
+    import structtorch.learners.rta as rta_module
+
+    x, y = sparse_multilabel(120, num_features=100, num_labels=5, cardinality=2.0, seed=0)
+    seen, fit = [], RTA.held_out_one_tree
+    monkeypatch.setattr(rta_module, "INTERACTION_CV_ROWS", 50)
+    monkeypatch.setattr(RTA, "held_out_one_tree", lambda self, x, *a: (seen.append(x), fit(self, x, *a))[1])
+    _chooser(x, y).choose_interaction(x, y)
+    assert [len(rows) for rows in seen] == [50, 50] and torch.equal(seen[0], seen[1])
+    assert all((x == row).all(1).any() for row in seen[0])  # rows of x
+
+
 def test_rta_interaction_l2_auto_choice_is_kept_by_checkpoints(tmp_path, monkeypatch):
     """A fit with interaction_l2="auto" keeps its choice in its checkpoint: it reloads with the chosen interactions
     and lambda (the same predictions), and a resumed fit trains on with them whatever its own set-up chose."""
