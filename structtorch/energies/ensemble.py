@@ -106,7 +106,12 @@ class TreeEnsembleEnergy(Energy):
         """Set the input-dependent interaction's l2 weight (see the class): gamma = 1 / sqrt(interaction_l2)."""
         check_float(interaction_l2, "interaction_l2", 0.0, expected="a number > 0 (inf: no input-dependent "
                     "interaction)")
-        self.interaction_l2, self.interaction_scale = float(interaction_l2), 1.0 / math.sqrt(interaction_l2)
+        self.interaction_l2 = float(interaction_l2)
+
+    @property
+    def interaction_scale(self) -> float:
+        """gamma = 1 / sqrt(interaction_l2): the weight of the interaction's joint features (0 at inf)."""
+        return 1.0 / math.sqrt(self.interaction_l2)
 
     @property
     def tree_scale(self) -> float:

@@ -289,16 +289,15 @@ class RTA(StructuredLearner):
         fold = fold_assignment(len(x), INTERACTION_CV_FOLDS, seed=0).to(x.device)
         grid, auto, T = self.l2_grid, self.hparams.l2 == "auto", self.trees.num_graphs
         lam = grid[len(grid) // 2]
-        rows = {}  # held-out subset accuracy + example F1 per row [N]
+        per_row, certified = {}, {}  # held-out subset accuracy + example F1 per row [N]; fits certified
         with phase(f"RTA interaction_l2=auto: {INTERACTION_CV_FOLDS}-fold CV of one tree{note}"):
-            certified = {}
             for r, factor in INTERACTION_CANDIDATES:
                 with budget_share(INTERACTION_CV_SHARE):
                     y_hat, certified[r] = self.held_out_one_tree(x, y, r, T * lam * (factor if auto else 1.0), fold)
-                rows[r] = sum(example_scores(m, y_hat, y).double() for m in FEATURE_CV_METRICS)
-        paper, scores = rows[INTERACTION_CANDIDATES[0][0]], {r: float(v.mean()) for r, v in rows.items()}
+                per_row[r] = sum(example_scores(m, y_hat, y).double() for m in FEATURE_CV_METRICS)
+        paper, scores = per_row[INTERACTION_CANDIDATES[0][0]], {r: float(v.mean()) for r, v in per_row.items()}
         z = {r: float((v - paper).mean() / (v - paper).std().div(len(v) ** 0.5).clamp_min(1e-12)) for r, v in
-             rows.items()}  # the paired difference to the paper's in standard errors
+             per_row.items()}  # the paired difference to the paper's in standard errors
         better = [c for c in INTERACTION_CANDIDATES if z[c[0]] > INTERACTION_CV_Z]
         chosen, factor = max(better, key=lambda c: scores[c[0]]) if better else INTERACTION_CANDIDATES[0]
         self.energy.set_interaction_l2(chosen)
@@ -310,7 +309,7 @@ class RTA(StructuredLearner):
         rank_zero_info(f"RTA: interaction_l2=auto chose {chosen:g}{lam_note} (held-out subset accuracy + example F1 "
                        f"of one tree: {found})")
         return {"chosen": f"{chosen:g}", "l2": self.l2_grid, "folds": INTERACTION_CV_FOLDS,
-                **{key: {f"{r:g}": v[r] for r in rows} for key, v in
+                **{key: {f"{r:g}": v[r] for r in per_row} for key, v in
                    (("scores", scores), ("z", z), ("certified", certified))}}
 
     def held_out_one_tree(self, x: torch.Tensor, y: torch.Tensor, interaction_l2: float, lam: float,
@@ -353,11 +352,8 @@ class RTA(StructuredLearner):
         y_hat = torch.empty_like(y)
         with torch.no_grad():
             for i in rows:
-                pot = energy(x[i])
-                for f in range(energy.num_models):
-                    mine = fold[i] == f
-                    own = Potentials(pot.unary[f][mine], pot.pairwise[f][mine], energy.graph)
-                    y_hat[i[mine]] = ensemble_map(own, 1)[0]
+                pot, own = energy(x[i]), (fold[i], torch.arange(len(i), device=i.device))  # row b: model fold[b]
+                y_hat[i] = ensemble_map(Potentials(pot.unary[own], pot.pairwise[own], energy.graph), 1)[0]
         return y_hat
 
     @property
