@@ -135,6 +135,7 @@ def _prepare(cfg: DictConfig, out: Path) -> tuple[L.LightningDataModule, Structu
         ckpt = resolve_checkpoint(cfg, out)
         if ckpt is not None:
             check_checkpoint(ckpt, model)
+            model.restore_set_up(ckpt)  # its structure and choices, so that the fit's set-up does not redo them
     except (ValueError, TypeError, FileNotFoundError, DownloadError) as err:
         raise UserError(str(err)) from err
     return dm, model, ckpt

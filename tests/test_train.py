@@ -699,3 +699,23 @@ def test_auto_threads_follow_the_load_while_training(tmp_path, monkeypatch, capl
 def test_a_bad_thread_count_is_a_user_error(tmp_path, value):
     with pytest.raises(UserError, match="trainer.num_threads must be auto, null or an int >= 1"):
         run(small_cfg(f"trainer.num_threads={value}", "logger=none"), tmp_path)
+
+
+@pytest.mark.parametrize("model,work", [("mst", "build_structure"), ("tree_crf", "build_structure"),
+                                        ("tree_crf", "cv_scores"), ("rta", "choose_feature_map")])
+def test_a_resumed_cli_run_does_not_redo_its_set_up(model, work, tmp_path, monkeypatch):
+    """``resume=<run dir>`` takes the checkpoint's structure and choices before the fit (``restore_set_up``):
+    Lightning restores a checkpoint only after ``setup``, so the resumed run learned its structure, its l2 (TreeCRF's
+    CV) and its feature map (RTA's CV) again and then dropped them (85 s of RTA's budget on delicious). The resumed
+    run does none of that work and ends with the first run's structure and choices."""
+    learner = LEARNERS[model]
+    calls, done = [], getattr(learner, work)
+    monkeypatch.setattr(learner, work, lambda self, *a, **k: (calls.append(work), done(self, *a, **k))[1])
+    overrides = [*SMALL, f"model={model}", "logger=none", "trainer.enable_checkpointing=true", "trainer.max_epochs=1"]
+    first = run(compose_cfg(overrides), tmp_path / "first")
+    assert calls, f"{model} did no {work} in its first run"
+    calls.clear()
+    resumed = run(compose_cfg([*overrides[:-1], "trainer.max_epochs=2", f"resume={tmp_path / 'first'}"]),
+                  tmp_path / "resumed")
+    assert calls == []
+    assert resumed["structure"] == first["structure"] and resumed.get("cv") == first.get("cv")

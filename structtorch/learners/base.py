@@ -168,6 +168,7 @@ class StructuredLearner(L.LightningModule):
         self.test_metrics = multilabel_metrics("test/", num_labels)
         self._strategy: Strategy | None = None  # how the parameters are fitted (``strategy``)
         self._strategy_state: dict[str, Any] | None = None  # from a checkpoint, handed to the strategy at fit start
+        self.restored = False  # set-up taken from a checkpoint before fitting (``restore_set_up``)
         self._epoch_phase = ExitStack()  # the running epoch's progress phase (``structtorch.progress``)
         self._first_epoch = 0  # the first epoch of the current fit (a resumed fit starts later)
         self.stopped_by: str | None = None  # "time_budget" when the run's budget ended training
@@ -530,9 +531,24 @@ class StructuredLearner(L.LightningModule):
         if mask is not None:
             self.set_structure(mask)
 
+    #: attributes that report what the fit's set-up learned or chose (metrics.json), kept in checkpoints so that a
+    #: resumed run reports them too
+    set_up_reports: tuple[str, ...] = ("cv_report",)
+
+    def restore_set_up(self, path: str) -> None:
+        """Before ``trainer.fit(self, ..., ckpt_path=path)`` (the CLI's resume): take the checkpoint's structure, the
+        learner's choices and weights now. Lightning restores a checkpoint only after ``setup``, so a resumed fit
+        would otherwise learn its structure and make its choices again (RTA's feature map CV: 85 s on delicious),
+        then drop them for the checkpoint's; with them taken, ``setup`` keeps them (``restored``)."""
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        self.on_load_checkpoint(checkpoint)
+        self.load_state_dict(checkpoint["state_dict"])
+        self.restored = True
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = self._strategy.state_dict() if self._strategy is not None else self._strategy_state
-        checkpoint["structtorch"] = {"learner": type(self).__name__, "solver": state}
+        checkpoint["structtorch"] = {"learner": type(self).__name__, "solver": state,
+                                     **{name: getattr(self, name) for name in self.set_up_reports}}
         weights = checkpoint.get("state_dict", {})
         for name, value in (self._strategy.checkpoint_weights() if self._strategy is not None else {}).items():
             weights[f"energy.{name}"] = value.detach().to(weights[f"energy.{name}"])
@@ -540,7 +556,11 @@ class StructuredLearner(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Re-apply the checkpoint's structure before its weights are loaded (shapes must match); keep the
         strategy's state for the fit start."""
-        self._strategy_state = checkpoint.get("structtorch", {}).get("solver")
+        saved = checkpoint.get("structtorch", {})
+        self._strategy_state = saved.get("solver")
+        for name in self.set_up_reports:
+            if saved.get(name) is not None:
+                setattr(self, name, saved[name])
         edges = checkpoint.get("state_dict", {}).get("candidate_edges")
         if edges is not None and edges.numel() and not torch.equal(edges.cpu(), self.candidate_edges.cpu()):
             self.set_candidates(Graph(self.hparams.num_labels, edges.cpu()))

@@ -204,6 +204,7 @@ class _StructureSearch(FixedTree):
     """
 
     searches_structure = True
+    set_up_reports = (*FixedTree.set_up_reports, "search_log")
 
     def __init__(self, num_features: int, num_labels: int, search_rows: int | None = 2000, **kwargs) -> None:
         if search_rows is not None:

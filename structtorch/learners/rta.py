@@ -226,7 +226,7 @@ class RTA(StructuredLearner):
         """Fitting: the training rows' ``label_cardinality`` (for model.margin=auto and model.l2=auto), the base's
         set-up, then (normalize="auto") ``choose_feature_map`` and (interaction_l2="auto") ``choose_interaction`` on
         the training set. A resumed fit's checkpoint then restores the map, the interactions and lambda it trained
-        with."""
+        with; taken before the fit (``restore_set_up``, the CLI's resume), no CV runs again."""
         if stage != "fit":
             return super().setup(stage)
         x, y = training_set(self.trainer)  # once here (a plain train loader is read whole at each call)
@@ -237,6 +237,10 @@ class RTA(StructuredLearner):
             rank_zero_info(f"RTA: margin=auto chose {margin!r} (label density {self.label_density:.3g} "
                            f"{'>=' if margin == 'hamming' else '<'} {HAMMING_MIN_DENSITY} at {n} labels)")
         super().setup(stage)
+        if self.restored:  # the checkpoint's feature map (its buffers), interactions and lambda (``restore_set_up``)
+            if self.interaction_choice is not None:
+                self._l2_grid = list(self.interaction_choice["l2"])
+            return
         if self.hparams.normalize == "auto":
             self.feature_choice = self.choose_feature_map(x, y)
         elif self.energy.feature_map == "global":
@@ -454,19 +458,14 @@ class RTA(StructuredLearner):
         return report
 
     # ------------------------------------------------------------------ structure
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """As the base's, with the training rows' ``label_cardinality`` (model.margin=auto's choice) and
-        ``interaction_choice``."""
-        super().on_save_checkpoint(checkpoint)
-        checkpoint["structtorch"] |= {"label_cardinality": self.label_cardinality,
-                                      "interaction_choice": self.interaction_choice}
+    #: with the training rows' ``label_cardinality`` (model.margin=auto's choice)
+    set_up_reports = (*StructuredLearner.set_up_reports, "label_cardinality", "feature_choice", "interaction_choice")
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
-        self.label_cardinality = checkpoint.get("structtorch", {}).get("label_cardinality", self.label_cardinality)
         choice = checkpoint.get("structtorch", {}).get("interaction_choice")
         if choice is not None:  # interaction_l2="auto": the interactions (and lambda) it trained with
-            self.interaction_choice, self._l2_grid = choice, list(choice["l2"])
+            self._l2_grid = list(choice["l2"])
             self.energy.set_interaction_l2(float(choice["chosen"]))
         weights = checkpoint.get("state_dict", {})
         if "energy.feature_map_index" not in weights:  # written before the feature maps: x / |x| or x as given
