@@ -238,8 +238,8 @@ class RTA(StructuredLearner):
                            f"{'>=' if margin == 'hamming' else '<'} {HAMMING_MIN_DENSITY} at {n} labels)")
         super().setup(stage)
         if self.restored:  # the checkpoint's feature map (its buffers), interactions and lambda (``restore_set_up``)
-            if self.interaction_choice is not None:
-                self._l2_grid = list(self.interaction_choice["l2"])
+            if self.interaction_choice is not None:  # again: the base's set-up resolved model.l2=auto afresh
+                self.take_interaction_choice(self.interaction_choice)
             return
         if self.hparams.normalize == "auto":
             self.feature_choice = self.choose_feature_map(x, y)
@@ -322,6 +322,11 @@ class RTA(StructuredLearner):
         return {"chosen": f"{chosen:g}", "l2": self.l2_grid, "folds": INTERACTION_CV_FOLDS,
                 **{key: {f"{r:g}": v[r] for r in per_row} for key, v in
                    (("scores", scores), ("z", z), ("certified", certified))}}
+
+    def take_interaction_choice(self, choice: dict[str, Any]) -> None:
+        """Set the interactions and lambda of a ``choose_interaction`` report (a checkpoint's)."""
+        self._l2_grid = list(choice["l2"])
+        self.energy.set_interaction_l2(float(choice["chosen"]))
 
     def held_out_one_tree(self, x: torch.Tensor, y: torch.Tensor, interaction_l2: float, lam: float,
                           fold: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -465,8 +470,7 @@ class RTA(StructuredLearner):
         super().on_load_checkpoint(checkpoint)
         choice = checkpoint.get("structtorch", {}).get("interaction_choice")
         if choice is not None:  # interaction_l2="auto": the interactions (and lambda) it trained with
-            self._l2_grid = list(choice["l2"])
-            self.energy.set_interaction_l2(float(choice["chosen"]))
+            self.take_interaction_choice(choice)
         weights = checkpoint.get("state_dict", {})
         if "energy.feature_map_index" not in weights:  # written before the feature maps: x / |x| or x as given
             weights["energy.feature_map_index"] = self.energy.feature_map_index.new_tensor(
