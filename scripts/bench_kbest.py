@@ -15,7 +15,8 @@
     chose (rake+compress: O(log n); rake-only: n), printed beside the times.
 
 ``--fused``: (a) and (b) with ``inference.backend("fused")`` (the fused CPU kernel, ``csrc/kbest_cpu.cpp``; the
-schedule columns then name the eager program's), written to ``bench_kbest_fused.json``.
+schedule columns then name the eager program's), and (d) the kernel against the eager program on RTA's ensembles
+(10 random spanning trees of 14, 174 and 983 labels, k = 8 and 32), written to ``bench_kbest_fused.json``.
 
 Times are the best (min) of --repeats calls (3 for calls over a second) after one warm-up call
 (schedule cache, allocator), in milliseconds, float32. JSON: ``rows`` holds (b), ``scaling`` (a).
@@ -161,6 +162,33 @@ def versus_torch_struct(device, dtype, repeats, sizes, topk_max_k) -> list[dict]
     return rows
 
 
+# ---------------------------------------------------------------------- (d) ensembles: fused vs eager
+ENSEMBLE_SIZES = [(n, k) for n in (14, 174, 983) for k in (8, 32)]  # T = 10 trees, as RTA's default
+
+
+def fused_vs_eager(device, dtype, repeats, T: int = 10) -> list[dict]:
+    """tree_kbest on T random spanning trees (RTA's ensembles), B = BATCH, the fused kernel against the eager
+    program on the same potentials, scores checked equal first."""
+    print(f"\n(d) tree_kbest on {T} random spanning trees, K={K_STATES}, B={BATCH}: fused kernel vs eager program "
+          f"(ratio = eager / fused)")
+    print(f"{'n':>5} {'k':>4} | {'fused ms':>10} | {'eager ms':>10} | {'ratio':>7}")
+    rows = []
+    for n, k in ENSEMBLE_SIZES:
+        g = random_spanning_trees(n, T, torch.Generator().manual_seed(n))
+        gen = torch.Generator().manual_seed(n)
+        pot = st.Potentials(torch.randn(BATCH, T, n, K_STATES, generator=gen).to(device, dtype),
+                            torch.randn(BATCH, T, n - 1, K_STATES, K_STATES, generator=gen).to(device, dtype), g)
+        times = {}
+        for name in ("fused", "eager"):
+            with inf.backend(name):
+                times[name] = (inf.tree_kbest(pot, k)[0], 1e3 * timeit(lambda: inf.tree_kbest(pot, k), device, repeats))
+        torch.testing.assert_close(times["fused"][0], times["eager"][0])
+        fused_ms, eager_ms = times["fused"][1], times["eager"][1]
+        rows.append({"n": n, "T": T, "k": k, "fused_ms": fused_ms, "eager_ms": eager_ms, "ratio": eager_ms / fused_ms})
+        print(f"{n:>5} {k:>4} | {fused_ms:>10.3f} | {eager_ms:>10.3f} | {eager_ms / fused_ms:>6.1f}x", flush=True)
+    return rows
+
+
 # ---------------------------------------------------------------------- (c) ensemble_map memory
 MEMORY_SIZES = [(14, 40, 32), (50, 40, 32), (174, 40, 32)]  # (n, T, k); B = 64
 #: the former O(B T^2 k n) scoring is only run where its index tensors stay below a few GB
@@ -259,9 +287,12 @@ def main() -> None:
             rows = []
         else:
             rows = versus_torch_struct(device, dtype, repeats, ts_sizes, args.topk_max_k)
+    sections = {"scaling": scaled}
+    if args.fused:
+        sections["ensembles"] = fused_vs_eager(device, dtype, repeats)
     total = time.perf_counter() - t0
     out = args.out.replace(".json", "_fused.json") if args.fused else args.out
-    write_results(out, rows, device, sections={"scaling": scaled}, dtype=args.dtype, repeats=repeats,
+    write_results(out, rows, device, sections=sections, dtype=args.dtype, repeats=repeats,
                   K=K_STATES, B=BATCH, quick=args.quick, total_s=total, backend="fused" if args.fused else "eager")
     print(f"\ntotal {total:.1f} s")
 

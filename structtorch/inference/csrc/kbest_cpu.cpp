@@ -1,16 +1,18 @@
 // Fused CPU K-best MAP of a forest (structtorch.inference.kbest.tree_kbest): the k best assignments of every
-// graph by one leaves-first pass of k-lists per batch entry and one backtrack per rank, instead of the eager
+// graph by one leaves-first pass of k-lists per batch entry and one backtrack of all k ranks, instead of the eager
 // program's chain of gathers and top-k over tiny inner dims per contraction step.
 //
 // Inputs as the tree passes' (common.h, Forest). Each node v keeps a descending k-list L[v][x] per state x (-inf
-// padded): the best scores of the part of v's subtree raked into it so far, v in state x. Raking child c into
-// its parent p (``order``: every node after its children):
+// padded past its length: a small subtree has fewer than k assignments): the best scores of the part of v's
+// subtree raked into it so far, v in state x. Raking child c into its parent p (``order``: every node after its
+// children):
 //   M[xp]    = the k best over (xc, j) of pair(xp, xc) + L[c][xc][j]   (a K-way merge of sorted lists)
-//   L[p][xp] = the k best of L[p][xp][i] + M[xp][j] over the rank pairs (i + 1)(j + 1) <= k (any other sum has
-//              k sums at least as large above it).
+//   L[p][xp] = the k best of L[p][xp][i] + M[xp][j]   (a k-way merge of the sorted rows i; row i + 1 enters once
+//              (i, 0) is taken, so only pairs with (i + 1)(j + 1) <= k are ever compared)
 // A graph's list joins its roots the same way (each root's list the K-way merge of its states' lists). Every
-// step keeps its arguments; rank r of a graph is backtracked by undoing the steps in reverse. Ties go to the
-// lower state, then the lower rank pair. Batch entries are split over torch's threads; scratch O(N K k) each.
+// step keeps its arguments; the ranks are backtracked by undoing the steps in reverse, all k of a node at once.
+// Ties go to the lower state, then the lower rank pair (i, then j). Batch entries are split over torch's threads;
+// scratch O(N K k) each.
 #include "common.h"
 
 namespace stcpu {
@@ -24,98 +26,156 @@ template <typename T>
 struct KBest {
   const Forest& f;
   const int64_t k;
-  std::vector<int32_t> I, J;  // the rank pairs
-  std::vector<T> L, M, A, cand;
+  std::vector<T> L, M, A, out, head_s;
+  std::vector<int32_t> Ln, An;  // the lists' lengths: entries past them are -inf
   std::vector<Arg> joined, merged, root_merged, root_joined;  // per child slot / root: each step's arguments
-  std::vector<int32_t> head, idx, state, rank, cur;
+  std::vector<int32_t> head, nxt, st, rk, cur;
 
   KBest(const Forest& f_, int64_t k_) : f(f_), k(k_) {
-    for (int32_t i = 0; i < k; ++i)
-      for (int32_t j = 0; (i + 1) * (j + 1) <= k; ++j) I.push_back(i), J.push_back(j);
     const int64_t NKk = f.N * f.K * k;
     L.resize(NKk);
-    joined.resize(NKk);
+    Ln.resize(f.N * f.K);
+    joined.resize(NKk);  // value-initialised: a rank past a list's length backtracks through valid indices
     merged.resize(NKk);
     M.resize(f.K * k);
     A.resize(f.G * k);
-    cand.resize(I.size());
-    idx.resize(I.size());
+    An.resize(f.G);
+    out.resize(k);
+    head_s.resize(k);
+    nxt.resize(k);
     root_merged.resize(f.R * k);
     root_joined.resize(f.R * k);
     head.resize(f.K);
-    state.resize(f.N);
-    rank.resize(f.N);
-    cur.resize(f.G);
+    st.resize(f.N * k);
+    rk.resize(f.N * k);
+    cur.resize(f.G * k);
   }
 
-  // out[0..k) = the k best over (x, j) of shift[x] + lists[x * k + j] (sorted lists), args (x, j).
-  void merge(const T* lists, const T* shift, T* out, Arg* args) {
-    std::fill(head.begin(), head.end(), 0);
-    for (int64_t r = 0; r < k; ++r) {
-      T best = -std::numeric_limits<T>::infinity();
+  // out[0..k) = the k best over (x, j < len[x]) of shift[x] + lists[x * k + j] (sorted lists), args (x, j);
+  // returns how many are finite (the rest -inf).
+  int32_t merge(const T* lists, const int32_t* len, const T* shift, T* out, Arg* args) {
+    constexpr T ninf = -std::numeric_limits<T>::infinity();
+    int32_t m = 0;
+    for (int32_t x = 0; x < f.K; ++x) head[x] = shift[x] == ninf ? len[x] : 0;
+    if (f.K == 2) {  // two lists: a two-pointer merge (ties to state 0)
+      int32_t h0 = head[0], h1 = head[1];
+      const int32_t l0 = len[0], l1 = len[1];
+      const T *a0 = lists, *a1 = lists + k;
+      for (; m < k && (h0 < l0 || h1 < l1); ++m) {
+        const bool zero = h1 >= l1 || (h0 < l0 && shift[0] + a0[h0] >= shift[1] + a1[h1]);
+        out[m] = zero ? shift[0] + a0[h0] : shift[1] + a1[h1];
+        args[m] = zero ? Arg{0, h0++} : Arg{1, h1++};
+      }
+      std::fill(out + m, out + k, ninf);
+      return m;
+    }
+    for (; m < k; ++m) {
+      T best = ninf;
       int32_t bx = -1;
       for (int32_t x = 0; x < f.K; ++x) {
-        if (head[x] >= k) continue;
+        if (head[x] >= len[x]) continue;
         const T s = shift[x] + lists[x * k + head[x]];
         if (s > best) best = s, bx = x;
       }
-      out[r] = best;
-      args[r] = bx < 0 ? Arg{0, 0} : Arg{bx, head[bx]++};
+      if (bx < 0) break;
+      out[m] = best;
+      args[m] = Arg{bx, head[bx]++};
     }
+    std::fill(out + m, out + k, ninf);
+    return m;
   }
 
-  // a[0..k) <- the k best of a[i] + b[j] over the rank pairs, args (i, j).
-  void join(T* a, const T* b, Arg* args) {
-    const int64_t P = I.size();
-    for (int64_t q = 0; q < P; ++q) cand[q] = a[I[q]] + b[J[q]], idx[q] = int32_t(q);
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t x, int32_t y) {
-      return cand[x] > cand[y] || (cand[x] == cand[y] && x < y);
-    });
-    for (int64_t r = 0; r < k; ++r) a[r] = cand[idx[r]], args[r] = Arg{I[idx[r]], J[idx[r]]};
+  // a[0..k) <- the k best of a[i] + b[j] over the rank pairs with i < la, j < lb, args (i, j); returns how many.
+  int32_t join(T* a, int32_t la, const T* b, int32_t lb, Arg* args) {
+    constexpr T ninf = -std::numeric_limits<T>::infinity();
+    int32_t m = 0;
+    if (la == 0 || lb == 0) {
+      m = 0;
+    } else if (la == 1 || lb == 1) {  // one list of one entry: the other shifted, already sorted
+      const T* one = la == 1 ? a : b;
+      const T* other = la == 1 ? b : a;
+      const T s0 = one[0];
+      m = std::min<int32_t>(la == 1 ? lb : la, int32_t(k));
+      for (int32_t r = m - 1; r >= 0; --r) {  // descending r: a[r] is read before it is written
+        a[r] = s0 + other[r];
+        args[r] = la == 1 ? Arg{0, r} : Arg{r, 0};
+      }
+    } else {  // a k-way merge of the rows a[i] + b[.], row i + 1 entering once (i, 0) is taken
+      int32_t rows = 1;
+      nxt[0] = 0, head_s[0] = a[0] + b[0];
+      for (; m < k; ++m) {
+        int32_t bi = -1;
+        T best = ninf;
+        for (int32_t i = 0; i < rows; ++i)
+          if (head_s[i] > best) best = head_s[i], bi = i;  // ties to the lower row: the (i, j) order
+        if (bi < 0) break;
+        const int32_t j = nxt[bi]++;
+        out[m] = best, args[m] = Arg{bi, j};
+        head_s[bi] = nxt[bi] < lb ? a[bi] + b[nxt[bi]] : ninf;
+        if (j == 0 && bi + 1 == rows && rows < la) nxt[rows] = 0, head_s[rows] = a[rows] + b[0], ++rows;
+      }
+      std::copy(out.begin(), out.begin() + m, a);
+    }
+    std::fill(a + m, a + k, ninf);
+    return m;
   }
 
   void run(const T* u, const T* p, T* scores, int64_t* states) {
     const int64_t K = f.K, Kk = K * k;
-    const T ninf = -std::numeric_limits<T>::infinity();
+    constexpr T ninf = -std::numeric_limits<T>::infinity();
     std::fill(L.begin(), L.end(), ninf);
     for (int64_t v = 0; v < f.N; ++v)
-      for (int64_t x = 0; x < K; ++x) L[(v * K + x) * k] = u[v * K + x];
+      for (int64_t x = 0; x < K; ++x) {
+        L[(v * K + x) * k] = u[v * K + x];
+        Ln[v * K + x] = u[v * K + x] == ninf ? 0 : 1;
+      }
     std::vector<T> shift(K);
     for (int64_t i = 0; i < f.C; ++i) {
       const int64_t v = f.order[i], par = f.parent[v];
       const T* table = p + f.parent_edge[v] * K * K;
       for (int64_t xp = 0; xp < K; ++xp) {
         for (int64_t xc = 0; xc < K; ++xc) shift[xc] = f.flip[v] ? table[xc * K + xp] : table[xp * K + xc];
-        merge(L.data() + v * Kk, shift.data(), M.data(), merged.data() + v * Kk + xp * k);
-        join(L.data() + par * Kk + xp * k, M.data(), joined.data() + v * Kk + xp * k);
+        const int32_t m = merge(L.data() + v * Kk, Ln.data() + v * K, shift.data(), M.data(),
+                                merged.data() + v * Kk + xp * k);
+        int32_t& lp = Ln[par * K + xp];
+        lp = join(L.data() + par * Kk + xp * k, lp, M.data(), m, joined.data() + v * Kk + xp * k);
       }
     }
     std::fill(A.begin(), A.end(), ninf);
-    for (int64_t g = 0; g < f.G; ++g) A[g * k] = T(0);
+    for (int64_t g = 0; g < f.G; ++g) A[g * k] = T(0), An[g] = 1;
     std::fill(shift.begin(), shift.end(), T(0));
     for (int64_t i = 0; i < f.R; ++i) {
-      merge(L.data() + f.roots[i] * Kk, shift.data(), M.data(), root_merged.data() + i * k);
-      join(A.data() + f.root_group[i] * k, M.data(), root_joined.data() + i * k);
+      const int32_t m = merge(L.data() + f.roots[i] * Kk, Ln.data() + f.roots[i] * K, shift.data(), M.data(),
+                              root_merged.data() + i * k);
+      int32_t& la = An[f.root_group[i]];
+      la = join(A.data() + f.root_group[i] * k, la, M.data(), m, root_joined.data() + i * k);
     }
     std::copy(A.begin(), A.end(), scores);
-    for (int64_t r = 0; r < k; ++r) {  // backtrack rank r of every graph
-      std::fill(cur.begin(), cur.end(), int32_t(r));
-      for (int64_t i = f.R - 1; i >= 0; --i) {
-        int32_t& c = cur[f.root_group[i]];
-        const Arg j = root_joined[i * k + c];
+    // backtrack every rank of every graph at once: st / rk [N, k] the states and ranks of each node's list
+    for (int64_t g = 0; g < f.G; ++g)
+      for (int32_t r = 0; r < k; ++r) cur[g * k + r] = r;
+    for (int64_t i = f.R - 1; i >= 0; --i) {
+      int32_t* c = cur.data() + f.root_group[i] * k;
+      int32_t *sv = st.data() + f.roots[i] * k, *rv = rk.data() + f.roots[i] * k;
+      for (int32_t r = 0; r < k; ++r) {
+        const Arg j = root_joined[i * k + c[r]];
         const Arg m = root_merged[i * k + j.b];
-        c = j.a;
-        state[f.roots[i]] = m.a, rank[f.roots[i]] = m.b;
+        c[r] = j.a, sv[r] = m.a, rv[r] = m.b;
       }
-      for (int64_t i = f.C - 1; i >= 0; --i) {
-        const int64_t v = f.order[i], par = f.parent[v], at = v * Kk + state[par] * k;
-        const Arg j = joined[at + rank[par]];
-        const Arg m = merged[at + j.b];
-        rank[par] = j.a;
-        state[v] = m.a, rank[v] = m.b;
-      }
-      for (int64_t v = 0; v < f.N; ++v) states[v * k + r] = state[v];
     }
+    for (int64_t i = f.C - 1; i >= 0; --i) {
+      const int64_t v = f.order[i], par = f.parent[v];
+      const Arg *jv = joined.data() + v * Kk, *mv = merged.data() + v * Kk;
+      const int32_t* sp = st.data() + par * k;
+      int32_t *rp = rk.data() + par * k, *sv = st.data() + v * k, *rv = rk.data() + v * k;
+      for (int32_t r = 0; r < k; ++r) {
+        const int64_t at = sp[r] * k;
+        const Arg j = jv[at + rp[r]];
+        const Arg m = mv[at + j.b];
+        rp[r] = j.a, sv[r] = m.a, rv[r] = m.b;
+      }
+    }
+    std::copy(st.begin(), st.end(), states);
   }
 };
 
