@@ -1,5 +1,6 @@
 // Dual coordinate descent for L1-loss linear SVMs (Hsieh, Chang, Lin, Keerthi, Sathiyamoorthi, ICML 2008:
-// liblinear's solver), one SVM per label, all labels sharing the inputs (structtorch.solvers.dcd).
+// liblinear's solver), one SVM per label, all labels sharing the inputs (structtorch.solvers.dcd); and, at the end,
+// the same cyclic exact coordinate steps on BCFW's box-constrained block-step problems (box_gauss_seidel).
 //
 // Label l's dual: max_a sum_i a_i - 1/2 |w(a)|^2, 0 <= a_i <= C, w(a) = sum_i a_i s_il x_i (s = +-1). One epoch
 // visits the rows in a given order; at row i every label takes its exact coordinate step
@@ -189,7 +190,47 @@ void svm_dcd_sparse(const torch::Tensor& indptr, const torch::Tensor& indices, c
   });
 }
 
+// BCFW's block steps (structtorch.solvers.bcfw._gauss_seidel): for each of the P = M C problems, maximise
+// gamma . g - 1/2 gamma^T A gamma over gamma in [0, 1]^B (zero where not ok) by ``sweeps`` cyclic exact
+// coordinate steps, gamma_i <- clip(gamma_i + (g_i - (A gamma)_i) / A_ii, 0, 1) ok_i; a direction with A_ii <= 0
+// takes the full step where g_i > 0 and is not revisited. A [P, B, B] PSD, g and ok [P, B] -> gamma [P, B],
+// in A's dtype, the problems split over torch's threads.
+torch::Tensor box_gauss_seidel(const torch::Tensor& A, const torch::Tensor& g, const torch::Tensor& ok,
+                               int64_t sweeps) {
+  TORCH_CHECK(A.dim() == 3 && A.size(1) == A.size(2) && g.dim() == 2 && g.size(0) == A.size(0) &&
+                  g.size(1) == A.size(1) && ok.sizes() == g.sizes() && A.is_contiguous() && g.is_contiguous() &&
+                  ok.is_contiguous() && g.scalar_type() == A.scalar_type() && ok.scalar_type() == A.scalar_type(),
+              "box_gauss_seidel: A [P, B, B], g and ok [P, B] (contiguous, one dtype)");
+  const int64_t P = A.size(0), B = A.size(1);
+  auto gamma = torch::empty_like(g);
+  AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "box_gauss_seidel", [&] {
+    using T = scalar_t;
+    const T *a = A.data_ptr<T>(), *gg = g.data_ptr<T>(), *oo = ok.data_ptr<T>();
+    T* out = gamma.data_ptr<T>();
+    at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+      std::vector<T> r(B);
+      for (int64_t q = p0; q < p1; ++q) {
+        const T *Aq = a + q * B * B, *gq = gg + q * B, *okq = oo + q * B;
+        T* x = out + q * B;
+        std::fill(r.begin(), r.end(), T(0));  // A gamma (the free directions have zero columns)
+        for (int64_t i = 0; i < B; ++i) x[i] = Aq[i * B + i] > 0 ? T(0) : T(gq[i] > 0) * okq[i];
+        for (int64_t s = 0; s < sweeps; ++s)
+          for (int64_t i = 0; i < B; ++i) {
+            const T d = Aq[i * B + i];
+            if (!(d > 0)) continue;
+            const T next = std::min(std::max(x[i] + (gq[i] - r[i]) * (T(1) / d), T(0)), T(1)) * okq[i];
+            const T step = next - x[i];
+            for (int64_t j = 0; j < B; ++j) r[j] += Aq[j * B + i] * step;  // column i
+            x[i] = next;
+          }
+      }
+    });
+  });
+  return gamma;
+}
+
 void register_dcd(pybind11::module_& m) {
+  m.def("box_gauss_seidel", &box_gauss_seidel, "BCFW's block steps: Gauss-Seidel sweeps on box-constrained QPs");
   m.def("svm_dcd", &svm_dcd, "epochs of dual coordinate descent on one L1-loss SVM per label (in place)");
   m.def("svm_dcd_sparse", &svm_dcd_sparse, "svm_dcd on rows that are sparse up to a constant row (in place)");
 }
