@@ -762,3 +762,45 @@ def test_rta_steps_keep_k_only_above_hamming_max_labels():
     assert RTA(10, HAMMING_MAX_LABELS).bcfw_step_oracle() is None
     steps = RTA(10, HAMMING_MAX_LABELS + 1, k=4).bcfw_step_oracle()
     assert (steps.k, steps.k_max) == (4, 4)
+
+
+def test_ensemble_oracle_cheapest_start():
+    """The rung a search should start at, from where the rows of one started at k certified: K times the rows
+    each round searches, summed."""
+    oracle = EnsembleOracle(8, 28)
+    assert oracle.ladder == [8, 16, 28] and EnsembleOracle(8).ladder == [8] and EnsembleOracle(2, 32).ladder == [
+        2, 4, 8, 16, 32]
+
+    def start(at: list[int], certified: list[bool]) -> int:
+        return oracle.cheapest_start(torch.tensor(certified), torch.tensor(at))
+
+    assert start([28] * 98 + [8] * 2, [False] * 98 + [True] * 2) == 28  # almost none certify: 28 < 8 + 16 + 28
+    assert start([8] * 90 + [28] * 10, [True] * 90 + [False] * 10) == 8
+    assert start([8] * 40 + [16] * 30 + [28] * 30, [True] * 70 + [False] * 30) == 16  # 2440 < 2600 (8), 2800 (28)
+    assert start([28] * 10, [True] * 10) == 28  # certified by the last round (or its polish): it was needed
+
+
+def test_ensemble_oracle_starts_where_rows_certify_and_finds_the_same_maxima():
+    """Where no row certifies below k_max, the calls between two explorations start at k_max: one K-best round
+    instead of three, the same values and answers' scores as searches doubling from k; where every row certifies at
+    k, they keep starting there."""
+    from unittest import mock
+
+    from structtorch.inference import kbest
+
+    gen = torch.Generator().manual_seed(0)
+    trees = random_spanning_trees(12, 10, gen)
+    hard = Potentials(torch.randn(64, 12, 2, generator=gen), torch.randn(64, 10, 11, 2, 2, generator=gen), trees)
+    easy = Potentials(10 * hard.unary, 0.01 * hard.pairwise, trees)  # one labelling far ahead on every tree
+    for pot, rounds, start in ((hard, [3, 1, 1], 8), (easy, [1, 1, 1], 2)):
+        oracle, ks, values, counts = EnsembleOracle(2, 8), [], [], []
+        real = kbest.tree_kbest
+        with mock.patch.object(kbest, "tree_kbest", side_effect=lambda p, k, e=None: ks.append(k) or real(p, k, e)):
+            for _ in range(3):
+                before = len(ks)
+                values.append(oracle(pot)[0])
+                counts.append(len(ks) - before)
+        assert counts == rounds and oracle.start == start
+        ref = kbest.ensemble_search(pot, 2, 8).upper
+        for value in values:
+            torch.testing.assert_close(value, ref)

@@ -119,11 +119,24 @@ class EnsembleOracle:
     value is Lemma 7's upper bound on the max (the candidate's score where certified), so the primal and the
     gap stay upper bounds whatever the search found; uncertified searches make the gap looser, never wrong.
 
+    Where few rows certify at the small K, doubling from k costs more than starting higher: every ``EXPLORE``-th
+    call starts at k, and the calls between start at the rung of the ladder k, 2k, ..., k_max that would have cost
+    that call least (a round's cost taken as its K times its rows; ``cheapest_start``). A search started higher
+    certifies every row that one started at k certifies (its lists contain the shorter ones and its bound is
+    lower), with an answer of the same score, so only the time and the ties change.
+
     Counts, since the last ``reset``, the searches, the certified ones and the K they used (``stats``).
     """
 
+    #: every EXPLORE-th call starts at k, to see again where the rows certify
+    EXPLORE = 16
+
     def __init__(self, k: int, k_max: int | None = None) -> None:
         self.k, self.k_max = k, k_max
+        self.ladder = [k]
+        while k_max is not None and self.ladder[-1] < k_max:
+            self.ladder.append(min(2 * self.ladder[-1], k_max))
+        self.start, self.calls = k, 0
         self.reset()
 
     def reset(self) -> None:
@@ -143,10 +156,25 @@ class EnsembleOracle:
         n = max(self.searches, 1)
         return {"certified": self.certified / n, "mean_k": self.k_total / n}
 
+    def cheapest_start(self, certified: torch.Tensor, k_used: torch.Tensor) -> int:
+        """The rung to start at, from a search started at k: rows certified at rung r (``k_used``) need no round
+        after r; starting at rung s costs ladder[s] for every row plus, for each later rung j, ladder[j] for the
+        rows not certified before j. The lowest rung of least cost."""
+        rung = torch.searchsorted(torch.tensor(self.ladder, device=k_used.device), k_used)
+        rung = torch.where(certified, rung, len(self.ladder)).cpu()  # never certified: past the ladder
+        need = [int((rung >= j).sum()) for j in range(len(self.ladder))]  # rows still searching at rung j
+        costs = [self.ladder[s] * rung.numel() + sum(self.ladder[j] * need[j] for j in range(s + 1, len(self.ladder)))
+                 for s in range(len(self.ladder))]
+        return self.ladder[costs.index(min(costs))]
+
     def __call__(self, pot: Potentials, exclude: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        explore = self.calls % self.EXPLORE == 0
         with torch.no_grad():
-            found = ensemble_search(pot, self.k, self.k_max, exclude)
+            found = ensemble_search(pot, self.k if explore else self.start, self.k_max, exclude)
+        if explore and found.certified.numel():
+            self.start = self.cheapest_start(found.certified, found.k_used)
+        self.calls += 1
         self.searches += found.certified.numel()
         self.certified += int(found.certified.sum())
         self.k_total += int(found.k_used.sum())
