@@ -19,7 +19,7 @@ schedule columns then name the eager program's), and (d) the kernel against the 
 (10 random spanning trees of 14, 174 and 983 labels, k = 8 and 32), written to ``bench_kbest_fused.json``.
 
 Times are the best (min) of --repeats calls (3 for calls over a second) after one warm-up call
-(schedule cache, allocator), in milliseconds, float32. JSON: ``rows`` holds (b), ``scaling`` (a).
+(schedule cache, allocator), in milliseconds, float32. JSON: ``rows`` holds (b), ``scaling`` (a), ``ensembles`` (d).
 
 ``--memory`` instead: (c) ``ensemble_map``'s peak memory at RTA's sizes (T = 40 trees, k = 32, B = 64, K = 2,
 n up to 174 labels, the paper's largest), each call in a fresh process (peak RSS above the process's

@@ -463,7 +463,8 @@ class RTA(StructuredLearner):
         return report
 
     # ------------------------------------------------------------------ structure
-    #: with the training rows' ``label_cardinality`` (model.margin=auto's choice)
+    #: with the training rows' ``label_cardinality`` (model.margin=auto's choice) and the choices of the feature-map
+    #: and interaction CVs
     set_up_reports = (*StructuredLearner.set_up_reports, "label_cardinality", "feature_choice", "interaction_choice")
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -89,8 +89,7 @@ struct KBest {
   int32_t join(T* a, int32_t la, const T* b, int32_t lb, Arg* args) {
     constexpr T ninf = -std::numeric_limits<T>::infinity();
     int32_t m = 0;
-    if (la == 0 || lb == 0) {
-      m = 0;
+    if (la == 0 || lb == 0) {  // nothing to join: the list is empty
     } else if (la == 1 || lb == 1) {  // one list of one entry: the other shifted, already sorted
       const T* one = la == 1 ? a : b;
       const T* other = la == 1 ? b : a;
