@@ -488,6 +488,71 @@ def test_ensemble_map_pairwise_without_batch_dims():
     assert out[2].all()
 
 
+# ---------------------------------------------------------------------- 4b. exact=True: every assignment scored
+def lowest_maximiser(pot: Potentials, exclude: torch.Tensor | None) -> torch.Tensor:
+    """Reference: the first assignment [*B, n] in all_assignments' order whose mean tree score is the max (exclude
+    left out), by enumeration."""
+    s, ys = all_scores(pot)
+    ens = s.mean(-1)  # [A, *B]
+    if exclude is not None:
+        ex = torch.broadcast_to(exclude, (*pot.batch_shape, pot.graph.num_nodes))
+        ens = ens.masked_fill(codes(ys, pot.num_states).view(-1, *([1] * (ex.dim() - 1))) == codes(ex, pot.num_states),
+                              NEG_INF)
+    return ys[ens.argmax(0)]
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(case=ensemble_cases(max_nodes=7), small=hst.booleans())
+def test_ensemble_map_exact_is_the_lowest_maximiser(case, small):
+    """exact=True: the maximiser (the lowest one on ties) of every row, certified, k used 0, upper == score; ties,
+    -inf entries, exclude; with tables of 4 scores (``small``) the rows and first halves are split into many."""
+    pot, exclude = case
+    old = kbest.ENUMERATED_ELEMENTS
+    kbest.ENUMERATED_ELEMENTS = 4 if small else old
+    try:
+        found = kbest.ensemble_search(pot, 2, exclude=exclude, exact=True)
+    finally:
+        kbest.ENUMERATED_ELEMENTS = old
+    y, score, upper, cert, k_used = found
+    check_ensemble_answer(pot, 1, None, exclude, y, score, cert, torch.ones_like(k_used))
+    assert cert.all() and (k_used == 0).all()
+    assert torch.equal(upper, score)
+    best = ensemble_reference(pot, exclude)
+    torch.testing.assert_close(score, best, **TOL)
+    T = pot.graph.num_graphs
+    if T & (T - 1) == 0:  # 1, 2 or 4 trees: the mean of small-integer ties is exact, so is "the lowest maximiser"
+        possible = torch.isfinite(best)
+        assert torch.equal(y[possible], lowest_maximiser(pot, exclude)[possible])
+
+
+def test_ensemble_map_exact_agrees_with_doubling_k_to_every_assignment():
+    """10 trees on 9 labels: the K-best search doubling k to K**n lists everything, so both answers are exact."""
+    g = random_spanning_trees(9, 10, torch.Generator().manual_seed(3))
+    pot = random_potentials(g, 2, (12,), seed=5, inf_prob=0.0, ties=False)
+    exclude = torch.randint(0, 2, (12, 9), generator=torch.Generator().manual_seed(1))
+    for ex in (None, exclude):
+        y, score, cert, _ = ensemble_map(pot, 4, exact=True, exclude=ex)
+        y_k, score_k, cert_k, _ = ensemble_map(pot, 4, k_max=2**9, exclude=ex)
+        assert cert.all() and cert_k.all()
+        assert torch.equal(y, y_k)
+        torch.testing.assert_close(score, score_k, **TOL)
+
+
+def test_ensemble_map_exact_only_exclude_possible_returns_another_assignment():
+    g = Graph(2, torch.tensor([[[0, 1]]]))
+    unary = torch.tensor([[0.99, 0.40], [0.09, 0.93]], dtype=torch.float64)
+    pairwise = torch.tensor([[[[NEG_INF, NEG_INF], [-1.54, NEG_INF]]]], dtype=torch.float64)  # only (1, 0) possible
+    y, score, cert, _ = ensemble_map(Potentials(unary, pairwise, g), 1, exclude=torch.tensor([1, 0]), exact=True)
+    assert torch.isneginf(score) and cert
+    assert not torch.equal(y, torch.tensor([1, 0]))
+
+
+def test_ensemble_map_exact_rejects_too_many_assignments():
+    g = random_spanning_trees(23, 2, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="at most 4194304: got K=2, n=23"):
+        ensemble_map(random_potentials(g, 2, (1,), seed=0, inf_prob=0.0, ties=False), 2, exact=True)
+
+
 # ---------------------------------------------------------------------- 5. bad input
 def _tree_pot(batch=(2,)):
     return random_potentials(Graph.chain(3), 2, batch, seed=0, inf_prob=0.0, ties=False)

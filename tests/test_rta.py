@@ -24,7 +24,14 @@ from structtorch.inference import ensemble_map, tree_kbest
 from structtorch.inference.kbest import ensemble_union
 from structtorch.learners import LEARNERS, RTA
 from structtorch.learners.base import StructuredLearner
-from structtorch.learners.rta import AUTO_L2_TREES, EDGE_L2, HAMMING_MAX_LABELS, HAMMING_MIN_DENSITY, INTERACTION_CV_Z
+from structtorch.learners.rta import (
+    AUTO_L2_TREES,
+    EDGE_L2,
+    EXACT_MAX_LABELS,
+    HAMMING_MAX_LABELS,
+    HAMMING_MIN_DENSITY,
+    INTERACTION_CV_Z,
+)
 from structtorch.solvers import (
     BCFW,
     DualCD,
@@ -312,10 +319,34 @@ def test_rta_auto_l2_grows_with_the_labels_a_violator_flips_under_def_6_margin_o
     assert model.strategy.solver.margin == model.solver_report()["margin"] == "hamming"
 
 
+def test_rta_enumerates_up_to_exact_labels_and_certifies_its_searches():
+    """Up to ``exact_labels`` labels every search scores all 2^n labellings: training's, the certificate's and
+    prediction's searches are all certified (K used 0) and the model certifies; with exact_labels below n the K-best
+    lists run instead (Lemma 7's certificate: on these potentials not every search is certified)."""
+    data = SyntheticDataModule(num_train=80, num_test=40, num_labels=8, val_fraction=0.0, seed=3)
+
+    def fit(**kwargs) -> tuple[RTA, dict]:
+        model = RTA(data.num_features, data.num_labels, k=1, k_max=2, **kwargs)
+        t = L.Trainer(max_epochs=30, accelerator="cpu", logger=False, enable_progress_bar=False,
+                      enable_checkpointing=False, enable_model_summary=False)
+        t.fit(model, datamodule=data)
+        return model, t.test(model, datamodule=data, verbose=False)[0]
+
+    model, metrics = fit()
+    report = model.solver_report()
+    train = report["inference"]["train"]
+    assert model.exact and train["certified"] == 1.0 and train["mean_k"] == 0.0 and train["searches"] > 0
+    assert metrics["test/certified"] == 1.0 and report["converged"] and 0 <= report["relative_gap"] <= 1e-3
+    k_best, metrics = fit(exact_labels=data.num_labels - 1)
+    assert not k_best.exact and k_best.solver_report()["inference"]["train"]["mean_k"] >= 1
+    assert metrics["test/certified"] < 1.0
+
+
 def test_rta_bad_input(small):
     D, n = small.num_features, small.num_labels
     for kwargs, match in (({"num_trees": 0}, "num_trees"), ({"k": 0}, "k"), ({"k": 4, "k_max": 2}, "k_max"),
-                          ({"margin": "squared"}, "margin")):
+                          ({"margin": "squared"}, "margin"), ({"exact_labels": -1}, "exact_labels"),
+                          ({"exact_labels": EXACT_MAX_LABELS + 1}, "exact_labels")):
         with pytest.raises(ValueError, match=match):
             RTA(D, n, **kwargs)
     with pytest.raises(ValueError, match="num_labels"):

@@ -32,6 +32,7 @@ regions cost milliseconds on a busy machine with more than one torch thread).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -42,10 +43,16 @@ from ..graph import Graph, Step, check_int, choose_schedule, contraction_steps, 
 from ..potentials import Potentials
 from . import fused
 from .backends import fused_active
+from .exact import all_assignments
 
-__all__ = ["EnsembleSearch", "cheapest_schedule", "tree_kbest", "ensemble_map", "ensemble_search", "ensemble_union"]
+__all__ = ["EnsembleSearch", "cheapest_schedule", "tree_kbest", "ensemble_enumerate", "ensemble_map", "ensemble_search",
+           "ensemble_union"]
 
 _NEG = float("-inf")
+#: ``ensemble_enumerate``: at most this many assignments K**n (RTA enumerates up to 20 labels: ``exact_labels``)
+MAX_ENUMERATED = 2**22
+#: ``ensemble_enumerate``: scores per table (rows x first-half assignments x second-half ones; 2 MB in float64)
+ENUMERATED_ELEMENTS = 2**18
 
 
 @dataclass(frozen=True)
@@ -339,8 +346,8 @@ class EnsembleSearch(NamedTuple):
     k_used: torch.Tensor
 
 
-def ensemble_map(pot: Potentials, k: int, k_max: int | None = None, exclude: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def ensemble_map(pot: Potentials, k: int, k_max: int | None = None, exclude: torch.Tensor | None = None,
+                 exact: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """MAP of the mean score of T trees on the same labels, by K-best lists (RTA, Sec. 4.1).
 
     pot: an ensemble (graph edges [T, n-1, 2], pairwise [*B, T, n-1, K, K], unary [*B, n, K]
@@ -349,19 +356,21 @@ def ensemble_map(pot: Potentials, k: int, k_max: int | None = None, exclude: tor
     exact maximiser when its ensemble score >= the mean over trees of each tree's k-th best.
     With ``k_max``, k doubles for the uncertified examples only, until certified or k_max.
     ``exclude`` [*B, n] leaves one assignment out (the worst-violator search of training).
+    ``exact``: every assignment is scored instead (``ensemble_enumerate``, K**n <= ``MAX_ENUMERATED``): the
+    maximiser, certified, with k used 0.
 
     Returns (y [*B, n], score [*B], certified bool [*B], k used LongTensor [*B]); ``ensemble_search``
     also returns an upper bound on the max.
     """
-    y, score, _, certified, k_used = ensemble_search(pot, k, k_max, exclude)
+    y, score, _, certified, k_used = ensemble_search(pot, k, k_max, exclude, exact)
     return y, score, certified, k_used
 
 
-def ensemble_search(pot: Potentials, k: int, k_max: int | None = None, exclude: torch.Tensor | None = None
-                    ) -> EnsembleSearch:
+def ensemble_search(pot: Potentials, k: int, k_max: int | None = None, exclude: torch.Tensor | None = None,
+                    exact: bool = False) -> EnsembleSearch:
     """``ensemble_map`` with the upper bound of Lemma 7's argument: an assignment in no tree's k-best list scores
     at most the mean of the trees' k-th best scores on every tree, so max(best candidate, that mean) bounds
-    the max of the mean tree score from above whether or not the search is certified."""
+    the max of the mean tree score from above whether or not the search is certified (with ``exact``: the max)."""
     if not isinstance(pot, Potentials) or not pot.graph.is_ensemble:
         raise ValueError("ensemble_map needs Potentials on an ensemble graph (edges [T, n-1, 2])")
     pot.graph.require_spanning_trees("ensemble_map")
@@ -373,6 +382,12 @@ def ensemble_search(pot: Potentials, k: int, k_max: int | None = None, exclude: 
     u = u.reshape(-1, *u.shape[-3:])
     B = u.shape[0]
     p = p.reshape(B, *p.shape[-4:])
+    if exact:  # scored tree by tree as the K-best answers are
+        y = ensemble_enumerate(pot, exclude).reshape(B, n)
+        score = _own_tree_scores(Potentials(u, p, pot.graph), y[:, None].expand(-1, pot.graph.num_graphs, -1))
+        score = score.mean(-1).reshape(batch)
+        return EnsembleSearch(y.reshape(*batch, n), score, score, torch.ones_like(score, dtype=torch.bool),
+                              torch.zeros_like(score, dtype=torch.long))
     ex = None if exclude is None else _exclude_rows(pot, exclude)
     y = torch.zeros(B, n, dtype=torch.long, device=u.device)
     score, bound = u.new_full((B,), _NEG), u.new_full((B,), _NEG)
@@ -393,6 +408,112 @@ def ensemble_search(pot: Potentials, k: int, k_max: int | None = None, exclude: 
     certified = score >= bound
     return EnsembleSearch(y.reshape(*batch, n), score.reshape(batch), torch.maximum(score, bound).reshape(batch),
                           certified.reshape(batch), k_used.reshape(batch))
+
+
+@torch.no_grad()
+def ensemble_enumerate(pot: Potentials, exclude: torch.Tensor | None = None) -> torch.Tensor:
+    """The maximiser y [*B, n] of an ensemble's mean tree score (ties: the lowest assignment in ``all_assignments``'
+    order), by scoring all K**n assignments (at most ``MAX_ENUMERATED``), meet in the middle: on the union graph
+    the score is <c, v> + c^T G c + const with c(y) the indicators [y_i = s] of the states s > 0 and G the edges'
+    interactions (upper block-triangular: edges (i, j) with i < j). With the labels split into a first half A and
+    the rest B, a batch row's scores are one table [K**|A|, K**|B|]: the halves' own scores on its margins plus
+    c_A G_AB c_B^T (two matrix products), O(K**n n / 2) per row, computed in tables of at most
+    ``ENUMERATED_ELEMENTS`` scores. -inf entries (impossible states) count through the same form of their
+    indicators: an assignment that meets one scores -inf. ``exclude`` [*B, n] leaves one assignment out (where
+    nothing else is possible, another assignment is still returned)."""
+    n, K = pot.graph.num_nodes, pot.num_states
+    if K**n > MAX_ENUMERATED:
+        raise ValueError(f"ensemble_enumerate scores K**n assignments, at most {MAX_ENUMERATED}: got K={K}, n={n} "
+                         f"({K**n}); use the K-best search (exact=False)")
+    union = ensemble_union(pot)
+    u, p = union.expanded()
+    u, p = u.reshape(-1, n, K), p.reshape(-1, *p.shape[-3:])
+    e = union.graph.edges.to(u.device)
+    forms = [_indicator_form(u.nan_to_num(neginf=0.0), p.nan_to_num(neginf=0.0), e)]
+    if u.isneginf().any() or p.isneginf().any():  # the number of -inf terms an assignment meets, in the same form
+        forms.append(_indicator_form(u.isneginf().to(u.dtype), p.isneginf().to(u.dtype), e))
+    h = n - n // 2
+    ys_a, ys_b = all_assignments(h, K, u.device), all_assignments(n - h, K, u.device)
+    c_a, c_b = (_indicators(ys, K).to(u.dtype) for ys in (ys_a, ys_b))  # [K**h, h (K-1)], [K**(n-h), (n-h) (K-1)]
+    ex = None if exclude is None else _lexicographic(_exclude_rows(pot, exclude), K)
+    R, S_a, S_b = len(u), len(ys_a), len(ys_b)
+    block = max(1, min(S_a, ENUMERATED_ELEMENTS // S_b))  # first-half assignments per table
+    rows = max(1, ENUMERATED_ELEMENTS // (block * S_b))
+    buffer = u.new_empty(rows * block * S_b)  # one table's memory for every chunk (no allocation per chunk)
+    best = torch.zeros(R, dtype=torch.long, device=u.device)
+    for lo in range(0, R, rows):
+        r = slice(lo, min(lo + rows, R))
+        halves = [_halves(form, r, c_a, c_b, h * (K - 1)) for form in forms]
+        value = u.new_full((r.stop - lo,), _NEG)
+        for a in range(0, S_a, block):
+            b = slice(a, min(a + block, S_a))
+            table = _table(*halves[0][1:], b, c_b, buffer)  # [r, block, S_b], all but the first half's own scores
+            if len(halves) > 1:  # the -inf terms each assignment meets
+                table.masked_fill_(_table(*halves[1][1:], b, c_b) + halves[1][0][:, b, None] > 0.5, _NEG)
+            if ex is not None:
+                _mask_excluded(table, ex[r], a, S_b)
+            top, at = (table.amax(-1) + halves[0][0][:, b]).max(-1)  # [r]: the block's best (amax: 3x max's speed)
+            arg = table[torch.arange(len(at), device=at.device), at].argmax(-1)  # its second half
+            better = top > value  # the first block wins ties: the lowest assignment
+            value = torch.where(better, top, value)
+            best[r] = torch.where(better, (a + at) * S_b + arg, best[r])
+    y = torch.cat([ys_a[best // S_b], ys_b[best % S_b]], -1)
+    if ex is not None:  # only exclude was possible (all -inf): still another assignment
+        y[best == ex, 0] = (y[best == ex, 0] + 1) % K
+    return y.reshape(*pot.batch_shape, n)
+
+
+def _indicator_form(u: torch.Tensor, p: torch.Tensor, e: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The score of u [R, n, K], p [R, U, K, K] on edges e [U, 2] (i < j) as <c, v> + c^T G c + const in the
+    indicators c [n (K-1)] of the states s > 0: (v [R, n (K-1)], G [R, n (K-1), n (K-1)], const [R]). Each table
+    splits into p(s, t) = p(0, 0) + (p(s, 0) - p(0, 0)) + (p(0, t) - p(0, 0)) + g(s, t), g 0 where s or t is 0."""
+    R, n, K = u.shape
+    base = p[..., :1, :1]
+    g = p - p[..., :, :1] - p[..., :1, :] + base  # [R, U, K, K]
+    unary = u.index_add(1, e[:, 0], p[..., :, 0] - base[..., 0]).index_add(1, e[:, 1], p[..., 0, :] - base[..., 0, :])
+    v = (unary[..., 1:] - unary[..., :1]).reshape(R, n * (K - 1))
+    G = u.new_zeros(R, n, n, K - 1, K - 1)
+    G[:, e[:, 0], e[:, 1]] = g[..., 1:, 1:]
+    const = unary[..., 0].sum(-1) + base.flatten(1).sum(-1)
+    return v, G.transpose(2, 3).reshape(R, n * (K - 1), n * (K - 1)), const
+
+
+def _halves(form: tuple[torch.Tensor, ...], r: slice, c_a: torch.Tensor, c_b: torch.Tensor, cut: int
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For rows r of an indicator form: the first half's scores with the constant [r, S_a], the second half's
+    [r, 1, S_b] and the cross terms' left factor c_A G_AB [r, S_a, (n - h)(K-1)]."""
+    v, G, const = (t[r] for t in form)
+    s_a = ((c_a @ G[:, :cut, :cut]) * c_a).sum(-1) + v[:, :cut] @ c_a.T + const[:, None]
+    s_b = ((c_b @ G[:, cut:, cut:]) * c_b).sum(-1) + v[:, cut:] @ c_b.T
+    return s_a, s_b[:, None, :], c_a @ G[:, :cut, cut:]
+
+
+def _table(s_b: torch.Tensor, cross: torch.Tensor, b: slice, c_b: torch.Tensor, buffer: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """s_B + c_A G_AB c_B^T for the first-half assignments b: [r, block, S_b] (into ``buffer`` where given)."""
+    shape = (len(cross), b.stop - b.start, c_b.shape[0])
+    out = None if buffer is None else buffer[: math.prod(shape)].view(shape)
+    return torch.baddbmm(s_b, cross[:, b], c_b.T.expand(len(cross), -1, -1), out=out)
+
+
+def _indicators(ys: torch.Tensor, K: int) -> torch.Tensor:
+    """[A, n (K-1)] the indicators [y_i = s], s = 1..K-1, of assignments ys [A, n]."""
+    return torch.nn.functional.one_hot(ys, K)[..., 1:].flatten(-2)
+
+
+def _mask_excluded(table: torch.Tensor, excluded: torch.Tensor, first: int, S_b: int) -> None:
+    """-inf at each row's excluded assignment (lexicographic index ``excluded`` [r]) where it falls in the block
+    of first-half assignments from ``first`` of table [r, block, S_b] (in place)."""
+    a = excluded // S_b - first
+    rows = ((a >= 0) & (a < table.shape[1])).nonzero()[:, 0]
+    table[rows, a[rows], excluded[rows] % S_b] = _NEG
+
+
+def _lexicographic(y: torch.Tensor, K: int) -> torch.Tensor:
+    """Index [B] of assignments y [B, n] in ``all_assignments``' order (node 0 most significant)."""
+    n = y.shape[-1]
+    return (y * K ** torch.arange(n - 1, -1, -1, device=y.device)).sum(-1)
 
 
 @dataclass(frozen=True)

@@ -125,14 +125,16 @@ class EnsembleOracle:
     certifies every row that one started at k certifies (its lists contain the shorter ones and its bound is
     lower), with an answer of the same score, so only the time and the ties change.
 
+    ``exact``: every assignment is scored instead (``ensemble_enumerate``): each search certified, K used 0.
+
     Counts, since the last ``reset``, the searches, the certified ones and the K they used (``stats``).
     """
 
     #: every EXPLORE-th call starts at k, to see again where the rows certify
     EXPLORE = 16
 
-    def __init__(self, k: int, k_max: int | None = None) -> None:
-        self.k, self.k_max = k, k_max
+    def __init__(self, k: int, k_max: int | None = None, exact: bool = False) -> None:
+        self.k, self.k_max, self.exact = k, k_max, exact
         self.ladder = [k]
         while k_max is not None and self.ladder[-1] < k_max:
             self.ladder.append(min(2 * self.ladder[-1], k_max))
@@ -171,7 +173,7 @@ class EnsembleOracle:
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         explore = self.calls % self.EXPLORE == 0
         with torch.no_grad():
-            found = ensemble_search(pot, self.k if explore else self.start, self.k_max, exclude)
+            found = ensemble_search(pot, self.k if explore else self.start, self.k_max, exclude, self.exact)
         if explore and found.certified.numel():
             self.start = self.cheapest_start(found.certified, found.k_used)
         self.calls += 1
