@@ -1,7 +1,7 @@
 """K-best MAP on trees: scaling of structtorch's tree_kbest in n and k, and torch-struct side by side.
 
     python scripts/bench_kbest.py [--device cuda] [--quick] [--repeats 7] [--threads 1]
-                                  [--fused] [--out scripts/results/bench_kbest.json]
+                                  [--fused | --exact | --memory] [--out scripts/results/bench_kbest.json]
 
 (a) tree_kbest on random trees (random parent attachment, random relabelling), K = 2, B = 64:
     time vs n at k = 8 and time vs k at n = 64, with the log-log slopes fitted by
@@ -20,6 +20,12 @@ schedule columns then name the eager program's), and (d) the kernel against the 
 
 Times are the best (min) of --repeats calls (3 for calls over a second) after one warm-up call
 (schedule cache, allocator), in milliseconds, float32. JSON: ``rows`` holds (b), ``scaling`` (a), ``ensembles`` (d).
+
+``--exact`` instead: (e) RTA's search for the maximiser (``ensemble_search``, 10 random spanning trees, k = 8 doubled to
+min(2 n, 32), the fused backend, as RTA's defaults) against the enumeration of every labelling (``exact=True``,
+``ensemble_enumerate``) at 6, 14, 19 and 22 labels: milliseconds per row, the K-best search's certified share, how
+often the two answers agree, and that the enumeration's score is never below the K-best answer's. Writes
+``bench_kbest_exact.json``.
 
 ``--memory`` instead: (c) ``ensemble_map``'s peak memory at RTA's sizes (T = 40 trees, k = 32, B = 64, K = 2,
 n up to 174 labels, the paper's largest), each call in a fresh process (peak RSS above the process's
@@ -45,7 +51,7 @@ from benchutil import timeit, write_results
 
 import structtorch as st
 from structtorch import inference as inf
-from structtorch.inference.kbest import cheapest_schedule
+from structtorch.inference.kbest import cheapest_schedule, ensemble_search
 from structtorch.structure import random_spanning_trees
 
 try:
@@ -189,6 +195,41 @@ def fused_vs_eager(device, dtype, repeats, T: int = 10) -> list[dict]:
     return rows
 
 
+# ---------------------------------------------------------------------- (e) ensembles: enumeration vs K-best
+EXACT_SIZES = [(6, 512), (14, 256), (19, 64), (22, 16)]  # (labels, rows); T = 10 trees
+
+
+def exact_vs_kbest(device, dtype, repeats, T: int = 10) -> list[dict]:
+    """``ensemble_search`` by K-best lists (k = 8 doubled to min(2 n, 32)) and by enumeration on the same potentials
+    (unary N(0, 0.5^2), pairwise N(0, 0.3^2) entries, a random exclude as in Def. 6's training), per row."""
+    print(f"\n(e) ensemble_search on {T} random spanning trees, K={K_STATES}: K-best lists (k = 8 doubled to "
+          f"min(2n, 32)) vs every labelling scored (ratio = K-best / enumeration)")
+    print(f"{'n':>4} {'rows':>5} | {'K-best ms/row':>13} | {'exact ms/row':>12} | {'ratio':>6} | "
+          f"{'K-best certified':>16} | {'agree':>5}")
+    rows = []
+    for n, B in EXACT_SIZES:
+        g = random_spanning_trees(n, T, torch.Generator().manual_seed(n))
+        gen = torch.Generator().manual_seed(n)
+        pot = st.Potentials((0.5 * torch.randn(B, n, K_STATES, generator=gen)).to(device, dtype),
+                            (0.3 * torch.randn(B, T, n - 1, K_STATES, K_STATES, generator=gen)).to(device, dtype), g)
+        exclude = torch.randint(0, K_STATES, (B, n), generator=gen).to(device)
+        k_max = min(2 * n, 32)
+        with inf.backend("fused" if device.type == "cpu" else "eager"):
+            kbest = ensemble_search(pot, 8, k_max, exclude)
+            exact = ensemble_search(pot, 8, k_max, exclude, exact=True)
+            assert bool((exact.score >= kbest.score - 1e-5 * kbest.score.abs().clamp_min(1)).all())
+            kbest_ms = 1e3 * timeit(lambda: ensemble_search(pot, 8, k_max, exclude), device, repeats) / B
+            exact_ms = 1e3 * timeit(lambda: ensemble_search(pot, 8, k_max, exclude, exact=True), device, repeats) / B
+        certified = float(kbest.certified.float().mean())
+        agree = float((kbest.y == exact.y).all(-1).float().mean())
+        rows.append({"n": n, "T": T, "rows": B, "k": 8, "k_max": k_max, "kbest_ms_per_row": kbest_ms,
+                     "exact_ms_per_row": exact_ms, "ratio": kbest_ms / exact_ms, "kbest_certified": certified,
+                     "agree": agree})
+        print(f"{n:>4} {B:>5} | {kbest_ms:>13.3f} | {exact_ms:>12.3f} | {kbest_ms / exact_ms:>5.1f}x | "
+              f"{100 * certified:>15.0f}% | {100 * agree:>4.0f}%", flush=True)
+    return rows
+
+
 # ---------------------------------------------------------------------- (c) ensemble_map memory
 MEMORY_SIZES = [(14, 40, 32), (50, 40, 32), (174, 40, 32)]  # (n, T, k); B = 64
 #: the former O(B T^2 k n) scoring is only run where its index tensors stay below a few GB
@@ -256,6 +297,8 @@ def main() -> None:
     ap.add_argument("--fused", action="store_true", help="(a) and (b) with inference.backend('fused'): the fused "
                     "CPU kernel of tree_kbest; writes bench_kbest_fused.json")
     ap.add_argument("--memory", action="store_true", help="(c) only: ensemble_map's peak memory at RTA's sizes")
+    ap.add_argument("--exact", action="store_true", help="(e) only: the enumeration of every labelling against the "
+                    "K-best search at 6-22 labels; writes bench_kbest_exact.json")
     ap.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     warnings.filterwarnings("ignore", message=".*arg_constraints")  # torch-struct's distributions
@@ -270,6 +313,11 @@ def main() -> None:
         rows = memory(device)
         write_results(args.out.replace("bench_kbest.json", "bench_kbest_memory.json"), rows, device, B=BATCH,
                       K=K_STATES)
+        return
+    if args.exact:
+        rows = exact_vs_kbest(device, dtype, args.repeats)
+        write_results(args.out.replace("bench_kbest.json", "bench_kbest_exact.json"), rows, device, dtype=args.dtype,
+                      repeats=args.repeats, K=K_STATES)
         return
     if args.quick:
         ns, ks, repeats = [16, 32, 64, 128], [1, 2, 4, 8, 16], min(args.repeats, 3)
