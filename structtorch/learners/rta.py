@@ -252,6 +252,10 @@ class RTA(StructuredLearner):
             margin = self.margin
             rank_zero_info(f"RTA: margin=auto chose {margin!r} (label density {self.label_density:.3g} "
                            f"{'>=' if margin == 'hamming' else '<'} {HAMMING_MIN_DENSITY} at {n} labels)")
+        rank_zero_info(f"RTA: exact inference, every labelling of the {n} labels scored (model.exact_labels="
+                       f"{self.hparams.exact_labels})" if self.exact else
+                       f"RTA: K-best inference (k {self.hparams.k} doubled to {self.hparams.k_max}, Lemma 7's "
+                       f"certificate) above model.exact_labels={self.hparams.exact_labels} labels")
         super().setup(stage)
         if self.restored:  # the checkpoint's feature map (its buffers), interactions and lambda (``restore_set_up``)
             if self.interaction_choice is not None:  # again: the base's set-up resolved model.l2=auto afresh
