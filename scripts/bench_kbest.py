@@ -169,6 +169,18 @@ def versus_torch_struct(device, dtype, repeats, sizes, topk_max_k) -> list[dict]
 
 
 # ---------------------------------------------------------------------- (d) ensembles: fused vs eager
+def random_ensemble(n: int, T: int, B: int, device: torch.device, dtype: torch.dtype, per_tree_unary: bool,
+                    scales: tuple[float, float] = (1.0, 1.0)) -> tuple[st.Potentials, torch.Generator]:
+    """T random spanning trees of n labels (seed n) with Gaussian potentials of standard deviations ``scales``
+    (unary [B, T, n, K] per tree or [B, n, K] shared, pairwise [B, T, n-1, K, K]), and the generator they were
+    drawn from (seed n), for further draws."""
+    g = random_spanning_trees(n, T, torch.Generator().manual_seed(n))
+    gen = torch.Generator().manual_seed(n)
+    unary = scales[0] * torch.randn(B, *((T,) if per_tree_unary else ()), n, K_STATES, generator=gen)
+    pairwise = scales[1] * torch.randn(B, T, n - 1, K_STATES, K_STATES, generator=gen)
+    return st.Potentials(unary.to(device, dtype), pairwise.to(device, dtype), g), gen
+
+
 ENSEMBLE_SIZES = [(n, k) for n in (14, 174, 983) for k in (8, 32)]  # T = 10 trees, as RTA's default
 
 
@@ -180,10 +192,7 @@ def fused_vs_eager(device, dtype, repeats, T: int = 10) -> list[dict]:
     print(f"{'n':>5} {'k':>4} | {'fused ms':>10} | {'eager ms':>10} | {'ratio':>7}")
     rows = []
     for n, k in ENSEMBLE_SIZES:
-        g = random_spanning_trees(n, T, torch.Generator().manual_seed(n))
-        gen = torch.Generator().manual_seed(n)
-        pot = st.Potentials(torch.randn(BATCH, T, n, K_STATES, generator=gen).to(device, dtype),
-                            torch.randn(BATCH, T, n - 1, K_STATES, K_STATES, generator=gen).to(device, dtype), g)
+        pot, _ = random_ensemble(n, T, BATCH, device, dtype, per_tree_unary=True)
         times = {}
         for name in ("fused", "eager"):
             with inf.backend(name):
@@ -208,10 +217,7 @@ def exact_vs_kbest(device, dtype, repeats, T: int = 10) -> list[dict]:
           f"{'K-best certified':>16} | {'agree':>5}")
     rows = []
     for n, B in EXACT_SIZES:
-        g = random_spanning_trees(n, T, torch.Generator().manual_seed(n))
-        gen = torch.Generator().manual_seed(n)
-        pot = st.Potentials((0.5 * torch.randn(B, n, K_STATES, generator=gen)).to(device, dtype),
-                            (0.3 * torch.randn(B, T, n - 1, K_STATES, K_STATES, generator=gen)).to(device, dtype), g)
+        pot, gen = random_ensemble(n, T, B, device, dtype, per_tree_unary=False, scales=(0.5, 0.3))
         exclude = torch.randint(0, K_STATES, (B, n), generator=gen).to(device)
         k_max = min(2 * n, 32)
         with inf.backend("fused" if device.type == "cpu" else "eager"):
