@@ -32,7 +32,6 @@ regions cost milliseconds on a busy machine with more than one torch thread).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -51,7 +50,7 @@ __all__ = ["EnsembleSearch", "cheapest_schedule", "tree_kbest", "ensemble_enumer
 _NEG = float("-inf")
 #: ``ensemble_enumerate``: at most this many assignments K**n (RTA enumerates up to 20 labels: ``exact_labels``)
 MAX_ENUMERATED = 2**22
-#: ``ensemble_enumerate``: scores per table (rows x first-half assignments x second-half ones; 2 MB in float64)
+#: ``ensemble_enumerate``: scores per block (first halves x second halves, or rows x first halves x cross terms)
 ENUMERATED_ELEMENTS = 2**18
 
 
@@ -417,8 +416,8 @@ def ensemble_enumerate(pot: Potentials, exclude: torch.Tensor | None = None) -> 
     the score is <c, v> + c^T G c + const with c(y) the indicators [y_i = s] of the states s > 0 and G the edges'
     interactions (upper block-triangular: edges (i, j) with i < j). With the labels split into a first half A and
     the rest B, a batch row's scores are one table [K**|A|, K**|B|]: the halves' own scores on its margins plus
-    c_A G_AB c_B^T (two matrix products), O(K**n n / 2) per row, computed in tables of at most
-    ``ENUMERATED_ELEMENTS`` scores. -inf entries (impossible states) count through the same form of their
+    c_A G_AB c_B^T (two matrix products). Only the rows a of that table that may hold the maximum are computed
+    (``_unpruned``: branch and bound), in blocks of at most ``ENUMERATED_ELEMENTS`` scores. -inf entries (impossible states) count through the same form of their
     indicators: an assignment that meets one scores -inf. ``exclude`` [*B, n] leaves one assignment out (where
     nothing else is possible, another assignment is still returned)."""
     n, K = pot.graph.num_nodes, pot.num_states
@@ -437,26 +436,30 @@ def ensemble_enumerate(pot: Potentials, exclude: torch.Tensor | None = None) -> 
     c_a, c_b = (_indicators(ys, K).to(u.dtype) for ys in (ys_a, ys_b))  # [K**h, h (K-1)], [K**(n-h), (n-h) (K-1)]
     ex = None if exclude is None else _lexicographic(_exclude_rows(pot, exclude), K)
     R, S_a, S_b = len(u), len(ys_a), len(ys_b)
-    block = max(1, min(S_a, ENUMERATED_ELEMENTS // S_b))  # first-half assignments per table
-    rows = max(1, ENUMERATED_ELEMENTS // (block * S_b))
-    buffer = u.new_empty(rows * block * S_b)  # one table's memory for every chunk (no allocation per chunk)
+    cut = h * (K - 1)
+    rows = max(1, ENUMERATED_ELEMENTS // (S_a * max(n - h, 1) * (K - 1)))  # rows per chunk: cross factors [r, S_a, m]
     best = torch.zeros(R, dtype=torch.long, device=u.device)
     for lo in range(0, R, rows):
         r = slice(lo, min(lo + rows, R))
-        halves = [_halves(form, r, c_a, c_b, h * (K - 1)) for form in forms]
+        halves = [_halves(form, r, c_a, c_b, cut) for form in forms]
         value = u.new_full((r.stop - lo,), _NEG)
-        for a in range(0, S_a, block):
-            b = slice(a, min(a + block, S_a))
-            table = _table(*halves[0][1:], b, c_b, buffer)  # [r, block, S_b], all but the first half's own scores
+        for pairs in _unpruned(halves, c_b, None if ex is None else ex[r]).split(max(1, ENUMERATED_ELEMENTS // S_b)):
+            i, a = pairs.unbind(1)  # [P]: a row of the chunk, a first half of it
+            table = _pair_table(halves[0], i, a, c_b)  # [P, S_b], all but the first half's own scores
             if len(halves) > 1:  # the -inf terms each assignment meets
-                table.masked_fill_(_table(*halves[1][1:], b, c_b) + halves[1][0][:, b, None] > 0.5, _NEG)
+                table.masked_fill_(_pair_table(halves[1], i, a, c_b) + halves[1][0][i, a, None] > 0.5, _NEG)
             if ex is not None:
-                _mask_excluded(table, ex[r], a, S_b)
-            top, at = (table.amax(-1) + halves[0][0][:, b]).max(-1)  # [r]: the block's best (amax: 3x max's speed)
-            arg = table[torch.arange(len(at), device=at.device), at].argmax(-1)  # its second half
-            better = top > value  # the first block wins ties: the lowest assignment
-            value = torch.where(better, top, value)
-            best[r] = torch.where(better, (a + at) * S_b + arg, best[r])
+                hit = (a == ex[r][i] // S_b).nonzero()[:, 0]
+                table[hit, ex[r][i[hit]] % S_b] = _NEG
+            total = table.amax(-1) + halves[0][0][i, a]  # [P] (amax: 3x max's speed)
+            top = value.new_full(value.shape, _NEG).scatter_reduce(0, i, total, "amax")
+            order = torch.arange(len(i), device=i.device)
+            first = torch.full_like(best[r], len(i)).scatter_reduce(  # each row's first pair at its top: lowest a
+                0, i, torch.where(total == top[i], order, len(i)), "amin")
+            better = (top > value).nonzero()[:, 0]  # earlier pairs win ties: the lowest assignment
+            at = first[better]
+            value[better] = top[better]
+            best[lo + better] = a[at] * S_b + table[at].argmax(-1)
     y = torch.cat([ys_a[best // S_b], ys_b[best % S_b]], -1)
     if ex is not None:  # only exclude was possible (all -inf): still another assignment
         y[best == ex, 0] = (y[best == ex, 0] + 1) % K
@@ -489,25 +492,38 @@ def _halves(form: tuple[torch.Tensor, ...], r: slice, c_a: torch.Tensor, c_b: to
     return s_a, s_b[:, None, :], c_a @ G[:, :cut, cut:]
 
 
-def _table(s_b: torch.Tensor, cross: torch.Tensor, b: slice, c_b: torch.Tensor, buffer: torch.Tensor | None = None
-           ) -> torch.Tensor:
-    """s_B + c_A G_AB c_B^T for the first-half assignments b: [r, block, S_b] (into ``buffer`` where given)."""
-    shape = (len(cross), b.stop - b.start, c_b.shape[0])
-    out = None if buffer is None else buffer[: math.prod(shape)].view(shape)
-    return torch.baddbmm(s_b, cross[:, b], c_b.T.expand(len(cross), -1, -1), out=out)
+def _unpruned(halves: list[tuple[torch.Tensor, ...]], c_b: torch.Tensor, excluded: torch.Tensor | None
+              ) -> torch.Tensor:
+    """The (row, first half a) pairs [P, 2] (row-major) that may hold a row's maximum: branch and bound. Each a is
+    bounded by s_A(a) + max s_B + the sum of its positive cross terms (c_B is 0/1), against the best of the pairs
+    (a, c0) with c0 the second half's own best; only the a whose bound reaches it can hold the maximum (a 1e-5
+    relative slack absorbs rounding). Measured: 0.1% of birds' first halves kept on a trained model, 1.3% of
+    yeast's, 2-5% on random potentials."""
+    s_a, s_b, cross = halves[0]  # [r, S_a], [r, 1, S_b], [r, S_a, m]
+    top_b, c0 = s_b[:, 0].max(-1)
+    x0 = c_b[c0][:, None, :]  # [r, 1, m]
+    first = s_a + top_b[:, None] + (cross * x0).sum(-1)  # [r, S_a]: the pairs (a, c0)
+    if len(halves) > 1:  # -inf terms: a pair that meets one is no candidate
+        h_a, h_b, h_cross = halves[1]
+        first = first.masked_fill(h_a + h_b[:, 0].gather(1, c0[:, None]) + (h_cross * x0).sum(-1) > 0.5, _NEG)
+    if excluded is not None:
+        rows = (excluded % s_b.shape[-1] == c0).nonzero()[:, 0]
+        first[rows, excluded[rows] // s_b.shape[-1]] = _NEG
+    low = first.amax(-1, keepdim=True)  # [r, 1]
+    bound = s_a + top_b[:, None] + cross.clamp_min(0).sum(-1)
+    return (bound + 1e-5 * (bound.abs() + low.abs()) >= low).nonzero()
+
+
+def _pair_table(half: tuple[torch.Tensor, ...], i: torch.Tensor, a: torch.Tensor, c_b: torch.Tensor
+                ) -> torch.Tensor:
+    """s_B + c_A G_AB c_B^T of row i, first half a, for every second half: [P, S_b]."""
+    _, s_b, cross = half
+    return torch.addmm(s_b[i, 0], cross[i, a], c_b.T)
 
 
 def _indicators(ys: torch.Tensor, K: int) -> torch.Tensor:
     """[A, n (K-1)] the indicators [y_i = s], s = 1..K-1, of assignments ys [A, n]."""
     return torch.nn.functional.one_hot(ys, K)[..., 1:].flatten(-2)
-
-
-def _mask_excluded(table: torch.Tensor, excluded: torch.Tensor, first: int, S_b: int) -> None:
-    """-inf at each row's excluded assignment (lexicographic index ``excluded`` [r]) where it falls in the block
-    of first-half assignments from ``first`` of table [r, block, S_b] (in place)."""
-    a = excluded // S_b - first
-    rows = ((a >= 0) & (a < table.shape[1])).nonzero()[:, 0]
-    table[rows, a[rows], excluded[rows] % S_b] = _NEG
 
 
 def _lexicographic(y: torch.Tensor, K: int) -> torch.Tensor:

@@ -117,9 +117,9 @@ class RTA(StructuredLearner):
             2^n labellings instead (``ensemble_enumerate``): the exact maximiser, so every search is certified and
             the duality gap is exact; above it the K-best lists with Lemma 7 (the paper's). 0: always K-best.
             Per row (``scripts/bench_kbest.py --exact``: 10 random trees, one thread, the K-best search on the fused
-            kernel) the enumeration took 0.044 ms at 14 labels (yeast) against the K-best search's 0.29 (doubling K
-            to 28 where Lemma 7 left 75% of the rows uncertified), 0.62 ms against 0.46 at 19 (birds), 4.2 ms
-            against 0.66 at 22 (tmc2007).
+            kernel) the enumeration took 0.032 ms at 14 labels (yeast) against the K-best search's 0.28 (doubling K
+            to 28 where Lemma 7 left 75% of the rows uncertified), 0.15 ms against 0.47 at 19 (birds), 0.56 ms
+            against 0.67 at 22 (tmc2007).
         seed: the seed the trees are drawn from (kept in the checkpoint with the trees).
         normalize: varphi(x) of the joint features (``TreeEnsembleEnergy``): "row" (or True) x / |x|, the paper's
             phi_hat; "global" x over the training rows' root mean squared norm; False x as given; "auto" (default):
