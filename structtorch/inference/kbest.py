@@ -417,9 +417,10 @@ def ensemble_enumerate(pot: Potentials, exclude: torch.Tensor | None = None) -> 
     interactions (upper block-triangular: edges (i, j) with i < j). With the labels split into a first half A and
     the rest B, a batch row's scores are one table [K**|A|, K**|B|]: the halves' own scores on its margins plus
     c_A G_AB c_B^T (two matrix products). Only the rows a of that table that may hold the maximum are computed
-    (``_unpruned``: branch and bound), in blocks of at most ``ENUMERATED_ELEMENTS`` scores. -inf entries (impossible states) count through the same form of their
-    indicators: an assignment that meets one scores -inf. ``exclude`` [*B, n] leaves one assignment out (where
-    nothing else is possible, another assignment is still returned)."""
+    (``_unpruned``: branch and bound), in blocks of at most ``ENUMERATED_ELEMENTS`` scores. -inf entries
+    (impossible states) count through the same form of their indicators: an assignment that meets one scores -inf.
+    ``exclude`` [*B, n] leaves one assignment out (where nothing else is possible, another assignment is still
+    returned)."""
     n, K = pot.graph.num_nodes, pot.num_states
     if K**n > MAX_ENUMERATED:
         raise ValueError(f"ensemble_enumerate scores K**n assignments, at most {MAX_ENUMERATED}: got K={K}, n={n} "
