@@ -81,7 +81,7 @@ def table1(args: argparse.Namespace, out: Path) -> None:
 COLUMNS = ["dataset", "model", "microlabel loss %", "0/1 loss %", "paper", "certified %", "gap", "l2", "train s"]
 FOOTER = ["", "Mean +- standard deviation over the folds. paper: the paper's Table 1 (microlabel / 0-1 loss) "
           "for the same method. certified: test examples whose ensemble inference is exact (every labelling scored "
-          "up to model.exact_labels = 20 labels, else Lemma 7's certificate)."]
+          "up to model.exact_labels labels, else Lemma 7's certificate)."]
 
 
 def summary_row(data: str, model: str, folds: list[dict]) -> dict:

@@ -130,7 +130,7 @@ class RTAConfig(ModelConfig):
     num_trees: int = 10
     k: int = 8
     k_max: Any = None  # int or None: max(k, min(2 * number of labels, 32))
-    exact_labels: int = 20  # up to this many labels inference scores every labelling (exact), above it K-best lists
+    exact_labels: int = 22  # up to this many labels inference scores every labelling (exact), above it K-best lists
     seed: int = 0
     normalize: Any = "auto"  # row (x / |x|, the paper's) | global (x / rms row norm) | false | auto: CV of Independent
     margin: str = "auto"  # hamming up to 22 labels or at label density >= 0.05, else zero_one (Def. 6)

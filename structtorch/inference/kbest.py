@@ -48,7 +48,7 @@ __all__ = ["EnsembleSearch", "cheapest_schedule", "tree_kbest", "ensemble_enumer
            "ensemble_union"]
 
 _NEG = float("-inf")
-#: ``ensemble_enumerate``: at most this many assignments K**n (RTA enumerates up to 20 labels: ``exact_labels``)
+#: ``ensemble_enumerate``: at most this many assignments K**n (RTA enumerates up to 22 labels: ``exact_labels``)
 MAX_ENUMERATED = 2**22
 #: ``ensemble_enumerate``: scores per block (first halves x second halves, or rows x first halves x cross terms)
 ENUMERATED_ELEMENTS = 2**18

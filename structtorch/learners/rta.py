@@ -11,7 +11,7 @@ solves the primal of Def. 6,
 (Def. 6 with slack weight C is this with lambda = 1 / (C N T^2)) by BCFW with a duality gap, the worst
 violator of each example from ``ensemble_map(..., exclude=y_k)`` (Sec. 4.1: K-best lists on every tree,
 Lemma 7's certificate, K doubled up to ``k_max`` where it fails; above ``HAMMING_MAX_LABELS`` labels the steps
-keep K = k): ``margin="zero_one"``. Up to ``exact_labels`` labels (default 20) every search scores all 2^n labellings
+keep K = k): ``margin="zero_one"``. Up to ``exact_labels`` labels (default 22) every search scores all 2^n labellings
 instead (``ensemble_enumerate``, meet in the middle): exact, so the duality gap is too.
 The default, ``margin="auto"``, takes ``margin="hamming"`` up to ``HAMMING_MAX_LABELS`` labels: the margin rescaled
 by the Hamming distance (the loss-augmented max is then ``ensemble_map`` on Hamming-augmented potentials), the variant
@@ -203,7 +203,7 @@ class RTA(StructuredLearner):
         return 2.5 * scale / max(n - 1, 5) ** 2 * AUTO_L2_TREES / self.hparams.num_trees
 
     def __init__(self, num_features: int, num_labels: int, num_trees: int = 10, k: int = 8,
-                 k_max: int | None = None, exact_labels: int = 20, seed: int = 0, normalize: bool | str = "auto",
+                 k_max: int | None = None, exact_labels: int = 22, seed: int = 0, normalize: bool | str = "auto",
                  margin: str = "auto", l2: float | list[float] | str = "auto", bias_reg: float = 1.0,
                  independent_start: bool = True, interaction_l2: float | str = 1.0, **kwargs) -> None:
         for name, v, low in (("num_trees", num_trees, 1), ("k", k, 1), ("num_labels", num_labels, 2)):
