@@ -113,7 +113,7 @@ def figure1(args: argparse.Namespace, out: Path) -> None:
             x, _ = dm.test_tensors
             n = dm.num_labels
             model.eval()
-            model.exact = False  # the K-best search's own certificate (Lemma 7), not model.exact_labels' enumeration
+            model.hparams.exact_labels = 0  # the K-best search's own certificate (Lemma 7), not the enumeration
             for K in sorted(set(FIGURE_K) | {n}):  # the paper's K values and K = number of labels
                 model.hparams.k, model.hparams.k_max = K, K
                 with torch.no_grad():

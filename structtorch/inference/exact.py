@@ -7,18 +7,27 @@ import torch
 from ..graph import check_int
 from ..potentials import Potentials
 
-__all__ = ["all_assignments", "all_scores", "brute_force_map", "brute_force_logz", "brute_force_kbest",
-           "brute_force_marginals", "MAX_ASSIGNMENTS"]
+__all__ = ["all_assignments", "assignment_index", "all_scores", "brute_force_map", "brute_force_logz",
+           "brute_force_kbest", "brute_force_marginals", "MAX_ASSIGNMENTS"]
 
 MAX_ASSIGNMENTS = 1 << 20
+
+
+def _place_values(n: int, K: int, device: torch.device | str) -> torch.Tensor:
+    """K**(n-1), ..., K, 1 [n]: each node's weight in an assignment's lexicographic index (node 0 most significant)."""
+    return K ** torch.arange(n - 1, -1, -1, device=device)
 
 
 def all_assignments(n: int, K: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Every assignment [K**n, n] in lexicographic order (node 0 most significant)."""
     if K ** n > MAX_ASSIGNMENTS:
         raise ValueError(f"brute force needs K**n <= 2**20 assignments, got K={K}, n={n} ({K ** n})")
-    powers = K ** torch.arange(n - 1, -1, -1, device=device)
-    return torch.arange(K ** n, device=device).unsqueeze(-1).div(powers, rounding_mode="floor") % K
+    return torch.arange(K ** n, device=device).unsqueeze(-1).div(_place_values(n, K, device), rounding_mode="floor") % K
+
+
+def assignment_index(y: torch.Tensor, K: int) -> torch.Tensor:
+    """The index [*B] of assignments y [*B, n] in ``all_assignments``' order (its inverse)."""
+    return (y * _place_values(y.shape[-1], K, y.device)).sum(-1)
 
 
 def all_scores(pot: Potentials) -> tuple[torch.Tensor, torch.Tensor]:

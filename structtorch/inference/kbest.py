@@ -42,7 +42,7 @@ from ..graph import Graph, Step, check_int, choose_schedule, contraction_steps, 
 from ..potentials import Potentials
 from . import fused
 from .backends import fused_active
-from .exact import all_assignments
+from .exact import all_assignments, assignment_index
 
 __all__ = ["EnsembleSearch", "cheapest_schedule", "tree_kbest", "ensemble_enumerate", "ensemble_map", "ensemble_search",
            "ensemble_union"]
@@ -435,7 +435,7 @@ def ensemble_enumerate(pot: Potentials, exclude: torch.Tensor | None = None) -> 
     h = n - n // 2
     ys_a, ys_b = all_assignments(h, K, u.device), all_assignments(n - h, K, u.device)
     c_a, c_b = (_indicators(ys, K).to(u.dtype) for ys in (ys_a, ys_b))  # [K**h, h (K-1)], [K**(n-h), (n-h) (K-1)]
-    ex = None if exclude is None else _lexicographic(_exclude_rows(pot, exclude), K)
+    ex = None if exclude is None else assignment_index(_exclude_rows(pot, exclude), K)
     R, S_a, S_b = len(u), len(ys_a), len(ys_b)
     cut = h * (K - 1)
     rows = max(1, ENUMERATED_ELEMENTS // (S_a * max(n - h, 1) * (K - 1)))  # rows per chunk: cross factors [r, S_a, m]
@@ -443,15 +443,15 @@ def ensemble_enumerate(pot: Potentials, exclude: torch.Tensor | None = None) -> 
     for lo in range(0, R, rows):
         r = slice(lo, min(lo + rows, R))
         halves = [_halves(form, r, c_a, c_b, cut) for form in forms]
-        value = u.new_full((r.stop - lo,), _NEG)
-        for pairs in _unpruned(halves, c_b, None if ex is None else ex[r]).split(max(1, ENUMERATED_ELEMENTS // S_b)):
+        value, ex_r = u.new_full((r.stop - lo,), _NEG), None if ex is None else ex[r]
+        for pairs in _unpruned(halves, c_b, ex_r).split(max(1, ENUMERATED_ELEMENTS // S_b)):
             i, a = pairs.unbind(1)  # [P]: a row of the chunk, a first half of it
             table = _pair_table(halves[0], i, a, c_b)  # [P, S_b], all but the first half's own scores
             if len(halves) > 1:  # the -inf terms each assignment meets
                 table.masked_fill_(_pair_table(halves[1], i, a, c_b) + halves[1][0][i, a, None] > 0.5, _NEG)
-            if ex is not None:
-                hit = (a == ex[r][i] // S_b).nonzero()[:, 0]
-                table[hit, ex[r][i[hit]] % S_b] = _NEG
+            if ex_r is not None:
+                hit = (a == ex_r[i] // S_b).nonzero()[:, 0]
+                table[hit, ex_r[i[hit]] % S_b] = _NEG
             total = table.amax(-1) + halves[0][0][i, a]  # [P] (amax: 3x max's speed)
             top = value.new_full(value.shape, _NEG).scatter_reduce(0, i, total, "amax")
             order = torch.arange(len(i), device=i.device)
@@ -525,12 +525,6 @@ def _pair_table(half: tuple[torch.Tensor, ...], i: torch.Tensor, a: torch.Tensor
 def _indicators(ys: torch.Tensor, K: int) -> torch.Tensor:
     """[A, n (K-1)] the indicators [y_i = s], s = 1..K-1, of assignments ys [A, n]."""
     return torch.nn.functional.one_hot(ys, K)[..., 1:].flatten(-2)
-
-
-def _lexicographic(y: torch.Tensor, K: int) -> torch.Tensor:
-    """Index [B] of assignments y [B, n] in ``all_assignments``' order (node 0 most significant)."""
-    n = y.shape[-1]
-    return (y * K ** torch.arange(n - 1, -1, -1, device=y.device)).sum(-1)
 
 
 @dataclass(frozen=True)

@@ -218,11 +218,10 @@ class RTA(StructuredLearner):
         if exact_labels > EXACT_MAX_LABELS:
             raise ValueError(f"RTA: exact_labels scores 2^n labellings per search, at most n = {EXACT_MAX_LABELS}: "
                              f"got {exact_labels}")
-        self.exact = num_labels <= exact_labels  # read by the searches below
         self._trees = random_spanning_trees(num_labels, num_trees, torch.Generator().manual_seed(seed))
         super().__init__(num_features, num_labels, margin=margin, l2=l2, bias_reg=bias_reg, **kwargs)
         self.save_hyperparameters({"k_max": k_max, "independent_start": independent_start})
-        self.oracle = EnsembleOracle(k, k_max, self.exact)  # the certificate's; counts the searches of training
+        self.oracle = EnsembleOracle(k, k_max, num_labels <= exact_labels)  # the certificate's; counts the searches
         self.step_oracle = EnsembleOracle(k, k) if num_labels > HAMMING_MAX_LABELS else None  # bcfw_step_oracle
         self._train_max = self._ensemble_max  # margin="hamming" with a gradient solver
         self._predict = lambda pot: self.search(pot)[0]  # also the CV grid's
@@ -443,6 +442,11 @@ class RTA(StructuredLearner):
         batch (delicious: 26 rows; 1024 rows there took the process past 23 GB and was killed), at most 1024."""
         T, n = self.trees.edges.shape[0], self.hparams.num_labels
         return max(1, min(1024, SEARCH_ELEMENTS // (T * n * self.hparams.k_max)))
+
+    @property
+    def exact(self) -> bool:
+        """Whether the searches score every labelling: n <= model.exact_labels."""
+        return self.hparams.num_labels <= self.hparams.exact_labels
 
     def search(self, pot: Potentials, exclude: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
