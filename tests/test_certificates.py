@@ -111,7 +111,7 @@ def inputs(kind: str, N: int, gen: torch.Generator) -> torch.Tensor:
 
 
 SOLVERS = ["bcfw-tree", "bcfw-tree-zero_one", "bcfw-lp", "bcfw-ensemble", "bcfw-ensemble-zero_one",
-           "lbfgs-tree", "lbfgs-lp", "bcfw-tree-K3-float32"]
+           "bcfw-ensemble-pairwise", "bcfw-tree-zero_one-pairwise", "lbfgs-tree", "lbfgs-lp", "bcfw-tree-K3-float32"]
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
@@ -139,7 +139,8 @@ def test_primal_bounds_the_objective_and_the_dual_at_every_certificate(solver, s
     if solver.startswith("bcfw"):
         oracle = {"tree": tree_oracle, "lp": smoothed_oracle(0.01, 300, 1e-9),
                   "ensemble": EnsembleOracle(1, 1)}[solver.split("-")[1]]
-        bcfw = BCFW(energy, N, lam, oracle=oracle, bias_reg=rho, tol=1e-6, margin=margin)
+        bcfw = BCFW(energy, N, lam, oracle=oracle, bias_reg=rho, tol=1e-6, margin=margin,
+                    active_set=2 if "pairwise" in solver else 0)  # 2 slots: labellings evicted often
         full = [(x, y, torch.arange(N))]
         for _ in range(4):
             bcfw.start_epoch()

@@ -433,6 +433,8 @@ def test_structured_learner_without_energy_raises_not_implemented():
     (dict(train_inference="smoothed_lpp"), "train_inference"),
     (dict(test_inference="nope"), "test_inference"),
     (dict(bcfw_averaging="yes"), "bcfw_averaging"),
+    (dict(bcfw_active_set=-1), "bcfw_active_set"),
+    (dict(bcfw_active_set="yes"), "bcfw_active_set"),
 ])
 def test_bad_learner_arguments_raise_value_error(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -337,9 +337,10 @@ def test_rta_enumerates_up_to_exact_labels_and_certifies_its_searches():
     train = report["inference"]["train"]
     assert model.exact and train["certified"] == 1.0 and train["mean_k"] == 0.0 and train["searches"] > 0
     assert metrics["test/certified"] == 1.0 and report["converged"] and 0 <= report["relative_gap"] <= 1e-3
-    k_best, metrics = fit(exact_labels=data.num_labels - 1)
+    assert report["steps"] == "pairwise" and report["active_set"] == BCFW.AUTO_ACTIVE_SET  # by default
+    k_best, metrics = fit(exact_labels=data.num_labels - 1, bcfw_active_set=0)
     assert not k_best.exact and k_best.solver_report()["inference"]["train"]["mean_k"] >= 1
-    assert metrics["test/certified"] < 1.0
+    assert metrics["test/certified"] < 1.0 and k_best.strategy.solver.active_sets is None
 
 
 def test_rta_bad_input(small):

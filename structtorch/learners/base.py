@@ -93,6 +93,9 @@ class StructuredLearner(L.LightningModule):
         margin_scale: weight of the margin term in the hinge.
         bcfw_averaging: solver="bcfw" certifies (and predicts with) the weighted average of its iterates
             (``BCFW(averaging=True)``).
+        bcfw_active_set: solver="bcfw" takes pairwise steps with up to this many labellings held per training row
+            (``BCFW(active_set=...)``; 0: Frank-Wolfe steps); "auto": 32 (fewer where memory needs it) where its
+            blocks are whole rows and its oracle returns labellings (RTA), else Frank-Wolfe steps.
         label_names: names of the n labels (pictures, metrics.json); default "y0", "y1", ...
     """
 
@@ -130,6 +133,7 @@ class StructuredLearner(L.LightningModule):
         margin: str = "hamming",
         margin_scale: float = 1.0,
         bcfw_averaging: bool = False,
+        bcfw_active_set: int | str = "auto",
         label_names: list[str] | None = None,
     ) -> None:
         super().__init__()
@@ -144,6 +148,8 @@ class StructuredLearner(L.LightningModule):
             check_float(bias_reg, "bias_reg", 0.0, expected="'auto' or a number > 0")
         check_int(solver_iters, "solver_iters", 1)
         check_bool(bcfw_averaging, "bcfw_averaging")
+        if bcfw_active_set != "auto":
+            check_int(bcfw_active_set, "bcfw_active_set", 0, expected="'auto' or an integer >= 0")
         self._l2_grid = _check_l2(l2)  # None for "auto" until resolve_l2
         check_int(cv_folds, "cv_folds", 2)
         if cv_metric not in EXAMPLE_METRICS:

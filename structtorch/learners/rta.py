@@ -361,7 +361,8 @@ class RTA(StructuredLearner):
         energy.global_norm.copy_(self.energy.global_norm)
         masks = torch.stack([fold != f for f in range(F)])
         solver = BCFW(energy, len(x), torch.full((F,), lam), oracle=EnsembleOracle(1), bias_reg=self.bias_reg,
-                      margin_scale=self.hparams.margin_scale, tol=INTERACTION_CV_TOL, mask=masks, margin=self.margin)
+                      margin_scale=self.hparams.margin_scale, tol=INTERACTION_CV_TOL, mask=masks, margin=self.margin,
+                      active_set=self.hparams.bcfw_active_set)
         rows = torch.arange(len(x), device=x.device).split(1024)
         full, order = [(x[i], y[i], i) for i in rows], torch.Generator().manual_seed(0)
         q = self.dual_start(x, y, torch.full((F,), lam / self.trees.num_graphs), masks)  # as the T trees at lam / T

@@ -32,6 +32,13 @@ batch's exact dual quadratic (its Gram from the energy's ``block_gram``; ``steps
 ends with one exact line search along the combined direction; ``steps="batch"`` uses the plain
 batch Frank-Wolfe direction with one line search. Both increase D monotonically.
 
+Pairwise steps (``active_set=S``, Osokin et al., ICML 2016): each example keeps up to S labellings with weights
+(``ActiveSets``), and a block's direction goes from its "away" atom (the held labelling of least loss-augmented
+score, or the residual part of mu_i not held as labellings) to the oracle's vertex, with the away atom's weight as
+the largest step. Frank-Wolfe steps shrink every atom at once and zig-zag near the optimum; pairwise steps remove
+a bad labelling's weight outright (RTA on birds: relative gap 1.4e-3 after 400 passes, where Frank-Wolfe steps had
+8.0e-3 and needed about 3,000). Needs one block per example and an oracle that returns labellings.
+
 The liblinear convention: a regularised bias of weight rho equals a constant feature 1/sqrt(rho)
 with a free bias weight; as rho -> 0 it approaches the unregularised bias (libsvm SVC). The
 certified gap is on the rho-regularised objective.
@@ -68,6 +75,7 @@ from ..inference.backends import fused_active
 from ..inference.kbest import ensemble_search
 from ..losses import hamming_margin
 from ..potentials import Potentials
+from .active_set import ActiveSets, labelling_scores, pair_index, weighted_marginals
 from .certificate import GapInfo, certificate
 
 __all__ = ["BCFW", "GapInfo", "Oracle", "StepInfo", "one_hot_marginals", "smoothed_oracle", "tree_oracle"]
@@ -226,22 +234,33 @@ class BCFW:
             step smaller, never wrong, and the certificate (``duality_gap``) always takes ``oracle``. Where a
             certificate's candidates show a relative gap above tol that the step oracle's on the same pass do not,
             the steps cannot close it: from then on they take ``oracle`` too (``escalated``).
+        active_set: S > 0: pairwise steps with up to S labellings held per example (``ActiveSets``); 0: Frank-Wolfe
+            steps. Needs one block per example (margin="zero_one", or a connected label graph) and oracles whose
+            maximisers are labellings (``tree_oracle``, ``EnsembleOracle``; not ``smoothed_oracle``). "auto": S =
+            ``AUTO_ACTIVE_SET`` (fewer where the sets would take more than ``ACTIVE_SET_BYTES``, or a batch row's
+            pair indices more than ``ACTIVE_SET_PAIRS`` entries) where those hold, else Frank-Wolfe steps.
 
     State (per example, indexed by example index, so it can be swapped for a store object):
     ``nu_unary`` [N, M, n, K] and ``nu_pair`` [N, M, E, K, K], nu_i = m(y_i) - mu_i, and ``ell`` [N, M, C],
     the expected loss l_i per block, all zeros at the start (ensembles: E = T (n-1)); with averaging also
     their averages ``avg_unary``, ``avg_pair``, ``avg_ell``, the iterate's parameters ``iterate`` (the energy
-    holds the average) and ``iterate_lin`` [M], and the per-model step counts ``avg_steps`` [M].
+    holds the average) and ``iterate_lin`` [M], and the per-model step counts ``avg_steps`` [M]. With an active set,
+    the iterate's ``active_sets`` (labellings [N, M, S, n], weights [N, M, S]) and ``evictions``, the labellings
+    evicted from a full set so far.
     """
 
     MARGINS = ("hamming", "zero_one")
+    #: active_set="auto": at most this many labellings per example, in at most ACTIVE_SET_BYTES (labellings as
+    #: bytes) and ACTIVE_SET_PAIRS pair indices per batch row (S T (n-1)); none where fewer than 2 would fit
+    AUTO_ACTIVE_SET, ACTIVE_SET_BYTES, ACTIVE_SET_PAIRS = 32, 2 ** 28, 2 ** 18
     #: ``start_at``: the smallest mix c of a starting dual point that is kept
     MIN_START_MIX = 0.01
 
     def __init__(self, energy: Energy, num_examples: int, lam: float | torch.Tensor, oracle: Oracle = tree_oracle,
                  margin_scale: float = 1.0, bias_reg: float = 1e-2, tol: float = 1e-3,
                  mask: torch.Tensor | None = None, steps: str = "block", sweeps: int = 3,
-                 averaging: bool = False, margin: str = "hamming", step_oracle: Oracle | None = None) -> None:
+                 averaging: bool = False, margin: str = "hamming", step_oracle: Oracle | None = None,
+                 active_set: int | str = 0) -> None:
         if not isinstance(energy, Energy):
             raise TypeError(f"energy must be a structtorch Energy, got {type(energy).__name__}")
         if margin not in self.MARGINS:
@@ -254,6 +273,7 @@ class BCFW:
         if steps == "block" and not hasattr(energy, "block_gram"):
             raise TypeError(f"steps='block' needs {type(energy).__name__}.block_gram; use steps='batch'")
         sweeps = check_int(sweeps, "sweeps", 1)
+        self.active_set = active_set if active_set == "auto" else check_int(active_set, "active_set", 0)
         self.averaging = check_bool(averaging, "averaging")
         self.energy, self.oracle, self.steps, self.sweeps, self.margin = energy, oracle, steps, sweeps, margin
         self.step_oracle = oracle if step_oracle is None else step_oracle
@@ -275,6 +295,11 @@ class BCFW:
         if margin == "zero_one":  # the 0/1 loss couples the components: one block per example
             self.num_comp, self.node_comp = 1, torch.zeros_like(self.node_comp)
         self.edge_comp = self.node_comp[energy.graph.edges.reshape(-1, 2)[:, 0].to(ref.device)]
+        if self.active_set not in (0, "auto") and self.num_comp != 1:
+            raise ValueError(f"active_set (pairwise steps) needs one block per example: margin='zero_one' or a "
+                             f"connected label graph; this one has {self.num_comp} components")
+        self.active_sets: ActiveSets | None = None  # allocated at the first batch (K known then)
+        self.evictions = 0
         with torch.no_grad():
             for p in self.params:
                 p.zero_()
@@ -301,6 +326,7 @@ class BCFW:
         self.nu_unary = ref.new_zeros(self.num_examples, M, g.num_nodes, K)
         self.nu_pair = ref.new_zeros(self.num_examples, M, g.num_graphs * g.num_edges, K, K)
         self.ell = ref.new_zeros(self.num_examples, M, self.num_comp)
+        self._load_active_sets({})
         if self.averaging:
             self.avg_unary, self.avg_pair = torch.zeros_like(self.nu_unary), torch.zeros_like(self.nu_pair)
             self.avg_ell = torch.zeros_like(self.ell)
@@ -312,8 +338,11 @@ class BCFW:
     def state_dict(self) -> dict[str, torch.Tensor | None]:
         """The dual state: nu_unary [N, M, n, K], nu_pair [N, M, E, K, K], ell [N, M, C], active [M], lin [M];
         with averaging also avg_unary, avg_pair, avg_ell (as nu, ell), iterate_lin [M], avg_steps [M] and
-        iterate.<j> (the iterate's parameters, shaped as the energy's); escalated (bool [], ``step_oracle``)."""
+        iterate.<j> (the iterate's parameters, shaped as the energy's); escalated (bool [], ``step_oracle``); with
+        an active set its labellings and weights (``active_labellings``, ``active_weights``)."""
         state = {k: getattr(self, k) for k in self._state_keys()} | {"escalated": torch.tensor(self.escalated)}
+        if self.active_sets is not None:
+            state |= {"active_labellings": self.active_sets.labellings, "active_weights": self.active_sets.weights}
         return state | {f"iterate.{j}": t for j, t in enumerate(self.iterate)}
 
     def load_state_dict(self, state: dict[str, torch.Tensor | None]) -> None:
@@ -335,6 +364,26 @@ class BCFW:
                 t.copy_(state[f"iterate.{j}"])
         if bool(state.get("escalated", False)):  # (absent from checkpoints written before step oracles)
             self.step_oracle, self.escalated = self.oracle, True
+        self._load_active_sets(state)
+
+    def _load_active_sets(self, state: dict[str, torch.Tensor | None]) -> None:
+        """The active sets of ``state`` where saved with the same shape, else every point all residual."""
+        self.active_sets = None
+        if self.nu_unary is None:
+            return
+        N, M, n, K = self.nu_unary.shape
+        size = self.active_set
+        if size == "auto":
+            fit = min(self.AUTO_ACTIVE_SET, self.ACTIVE_SET_BYTES // (N * M * n),
+                      self.ACTIVE_SET_PAIRS // max(self.nu_pair.shape[2], 1))
+            size = fit if self.num_comp == 1 and fit >= 2 else 0
+        if not size:
+            return
+        self.active_sets = ActiveSets(N, M, size, n, K, self.nu_unary.device)
+        held = state.get("active_weights")
+        if held is not None and held.shape == self.active_sets.weights.shape:
+            self.active_sets.weights.copy_(held)
+            self.active_sets.labellings.copy_(state["active_labellings"])
 
     def point_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The dual state of the point in the energy (certified by ``duality_gap``): the averages with
@@ -424,6 +473,8 @@ class BCFW:
             c = torch.where(self.found_mix >= self.MIN_START_MIX, self.found_mix, 0.0)  # else from w = 0
             for state in (self.nu_unary, self.nu_pair, self.ell):
                 state.mul_(c.view(1, -1, *([1] * (state.dim() - 2))))
+            if self.active_sets is not None:  # the start is no labelling: all residual
+                self.active_sets.reset()
             for p, a, bs in zip(self.params, acc, self._bias_scale):
                 p.copy_(per_param(c, p, self.num_models) * bs * a)
             self.lin = c.to(f64) * lin
@@ -491,16 +542,22 @@ class BCFW:
         U, P = lift_models(pot, self.num_models)
         self._ensure_state(U.shape[-1])
         with torch.no_grad():
-            d_u, d_p, gaps, hinge, d_ell = self._terms(U.detach(), P.detach(), y, index, self.nu_unary,
-                                                       self.nu_pair, self.ell, self.step_oracle)
-            gamma = self._block_steps(x, d_u, d_p, gaps, self.mask[:, index] & self.active[:, None])
+            d_u, d_p, gaps, hinge, d_ell, vertex = self._terms(U.detach(), P.detach(), y, index, self.nu_unary,
+                                                               self.nu_pair, self.ell, self.step_oracle)
+            step_gaps, away = gaps, None  # the steps' gaps; ``gaps`` (Frank-Wolfe's) bound the dual's distance
+            if self.active_sets is not None and bool((vertex[0].amax(-1) == 1).all()):
+                d_u, d_p, step_gaps, d_ell, away = self._pairwise(U.detach(), P.detach(), y, index, d_u, d_p, d_ell,
+                                                                  vertex)
+            elif self.active_sets is not None:  # an oracle's maximisers that are not labellings
+                self._no_labellings()
+            gamma = self._block_steps(x, d_u, d_p, step_gaps, self.mask[:, index] & self.active[:, None])
             gd_u = gamma[..., self.node_comp, None] * d_u
             gd_p = gamma[..., self.edge_comp, None, None] * d_p
         surrogate = self.scale * ((U * gd_u).sum((1, 2, 3)) + (P * gd_p).sum((1, 2, 3, 4)))
         grads = torch.autograd.grad(surrogate.sum(), self.params, allow_unused=True)
         with torch.no_grad():
             grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self.params, grads)]
-            G = (gamma * gaps).sum((1, 2))
+            G = (gamma * step_gaps).sum((1, 2))
             curv = self.lam * self._sq_norm([g * bs ** 0.5 for g, bs in zip(grads, self._bias_scale)])
             tiny = torch.finfo(curv.dtype).tiny
             tmax = 1.0 / gamma.flatten(1).amax(1).clamp_min(tiny)  # keeps every t * gamma_b <= 1
@@ -512,6 +569,9 @@ class BCFW:
             self.nu_pair[index] -= (t[:, None, None, None, None] * gd_p).movedim(1, 0)
             self.ell[index] += (t[:, None, None] * gamma * d_ell).movedim(1, 0)
             self.lin += t * (gamma * d_ell).sum((1, 2)) / self.count
+            if away is not None:
+                eta = t[:, None].double() * gamma[..., 0].double() * away[1]
+                self.evictions += self.active_sets.move(index, away[0], vertex[0].argmax(-1), eta)
             batch_gap = gaps.sum((1, 2))
             loss = (hinge * self.mask[:, index]).sum(1) / self.count
             self.epoch_gap += batch_gap
@@ -547,8 +607,9 @@ class BCFW:
                nu_unary: torch.Tensor, nu_pair: torch.Tensor, ell: torch.Tensor, oracle: Oracle | None = None):
         """FW directions d = mu_hat - mu ([M, B, n, K], [M, B, E, K, K]) from the dual state nu_unary
         [N, M, n, K], nu_pair [N, M, E, K, K], ell [N, M, C], block gaps [M, B, C] (masked, divided by N_m),
-        hinge losses [M, B] (upper bounds: from the oracle's value), and the loss direction Delta(y_i, y_hat) - l_i
-        per block [M, B, C]; mu_hat from ``oracle`` (default: the certificate's ``self.oracle``)."""
+        hinge losses [M, B] (upper bounds: from the oracle's value), the loss direction Delta(y_i, y_hat) - l_i
+        per block [M, B, C], and the vertex (mu_hat unary, pairwise, its loss per block [M, B, C]); mu_hat from
+        ``oracle`` (default: the certificate's ``self.oracle``)."""
         oracle = self.oracle if oracle is None else oracle
         K = U.shape[-1]
         m_u, m_p = one_hot_marginals(y, self.energy.graph, K, U.dtype)
@@ -571,7 +632,50 @@ class BCFW:
         d_ell = loss - ell[index].movedim(1, 0)
         gaps = self._per_component((U * d_u).sum(-1), (P * d_p).sum((-1, -2))) + d_ell
         gaps = gaps * (self.mask[:, index] / self.count[:, None])[..., None]
-        return d_u, d_p, gaps, value - score, d_ell
+        return d_u, d_p, gaps, value - score, d_ell, (mh_u, mh_p, loss)
+
+    def _no_labellings(self) -> None:
+        """The oracle's maximisers are no labellings: active_set="auto" turns to Frank-Wolfe steps, else an error."""
+        if self.active_set != "auto":
+            raise ValueError("active_set (pairwise steps) needs an oracle whose maximisers are labellings (one-hot "
+                             "marginals): tree_oracle or EnsembleOracle, not smoothed_oracle")
+        self.active_set, self.active_sets = 0, None
+
+    def _pairwise(self, U: torch.Tensor, P: torch.Tensor, y: torch.Tensor, index: torch.Tensor, d_u: torch.Tensor,
+                  d_p: torch.Tensor, d_ell: torch.Tensor, vertex: tuple[torch.Tensor, ...]):
+        """Pairwise directions of the batch's blocks (one per example), from the Frank-Wolfe directions d = mu_hat - mu
+        (unary [M, B, n, K], pairwise [M, B, E, K, K], loss [M, B, 1]) and the vertex (mu_hat unary, pairwise, loss):
+        from the away atom v (the held labelling of least loss-augmented score, or the residual) to mu_hat, times v's
+        weight w_v so that steps gamma in [0, 1] keep every weight >= 0. Returns d = w_v (mu_hat - m(v)) (as d),
+        its gap [M, B, 1] (divided by N_m), its loss direction [M, B, 1], and (v [M, B], S for the residual, w_v
+        [M, B] float64)."""
+        (mh_u, mh_p, loss), K, dtype = vertex, U.shape[-1], U.dtype
+        edges = self.energy.graph.edges.reshape(-1, 2).to(U.device)
+        Y, A = self.active_sets.gather(index)  # [M, B, S, n], [M, B, S]
+        S = Y.shape[2]
+        mu_u, mu_p, ell = mh_u - d_u, mh_p - d_p, (loss - d_ell).sum(-1)  # the current point and its loss
+        wrong = Y != y[None, :, None, :]
+        delta = self.margin_scale * (wrong.sum(-1) if self.margin == "hamming" else wrong.any(-1)).to(dtype)
+        pairs = pair_index(Y, edges, K)
+        aug = labelling_scores(U, P, Y, pairs) + delta  # [M, B, S]
+        r = (1.0 - A.sum(-1)).clamp_min(0.0)  # the residual's weight
+        held_loss = (A.to(dtype) * delta).sum(-1)
+        r_aug = (U * mu_u).sum((-1, -2)) + (P * mu_p).sum((-1, -2, -3)) + ell - (A.to(dtype) * aug).sum(-1)
+        r_aug = torch.where(r > ActiveSets.MIN_RESIDUAL, r_aug / r.clamp_min(ActiveSets.MIN_RESIDUAL).to(dtype),
+                            torch.inf)  # the residual's own loss-augmented score
+        away = torch.cat([torch.where(A > 0, aug, torch.inf), r_aug[..., None]], -1).argmin(-1)
+        residual, v = away == S, away.clamp_max(S - 1)
+        w = torch.cat([A, r[..., None]], -1).gather(-1, away[..., None]).squeeze(-1)
+        # the mass that leaves: w_v m(y_v), or the residual's mu - sum_j A_j m(y_j) (one scatter for both)
+        leaving = torch.where(residual[..., None], A, torch.zeros_like(A).scatter(-1, v[..., None], w[..., None]))
+        out_u, out_p = weighted_marginals(Y, pairs, leaving, K, dtype)
+        res, wd = residual[..., None, None], w.to(dtype)
+        d_u = wd[..., None, None] * mh_u - torch.where(res, mu_u - out_u, out_u)
+        d_p = wd[..., None, None, None] * mh_p - torch.where(res[..., None], mu_p - out_p, out_p)
+        l_v = torch.where(residual, ell - held_loss, wd * delta.gather(-1, v[..., None]).squeeze(-1))
+        d_ell = (wd * loss.sum(-1) - l_v)[..., None]
+        gaps = self._per_component((U * d_u).sum(-1), (P * d_p).sum((-1, -2))) + d_ell
+        return d_u, d_p, gaps * (self.mask[:, index] / self.count[:, None])[..., None], d_ell, (away, w)
 
     def _potentials(self, U: torch.Tensor, P: torch.Tensor) -> Potentials:
         """The oracle's Potentials from ``lift_models``' unary [M, B, n, K] and pairwise [M, B, E, K, K]

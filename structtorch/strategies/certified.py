@@ -244,7 +244,8 @@ class BCFWStrategy(Certified):
     Oracles that count their searches (``reset`` / ``stats``, e.g. RTA's K-best searches) have them logged each
     epoch and reported: the certificate's (every search where the steps share its oracle) as train/certified and
     train/mean_k under ``inference.train``, the steps' own as train/steps_certified and train/steps_mean_k under
-    ``inference.steps``."""
+    ``inference.steps``. With pairwise steps (``BCFW``'s active sets) the report names them, with the sets' size
+    and the labellings evicted from full sets."""
 
     name = "bcfw"
 
@@ -263,7 +264,7 @@ class BCFWStrategy(Certified):
         loaded = [p.detach().clone() for p in learner.energy.parameters()]
         self.solver = BCFW(learner.energy, len(self.x), lam, oracle=learner.bcfw_oracle(),
                            margin_scale=hp.margin_scale, bias_reg=learner.bias_reg, tol=hp.tol, mask=mask,
-                           margin=learner.margin, averaging=hp.bcfw_averaging,
+                           margin=learner.margin, averaging=hp.bcfw_averaging, active_set=hp.bcfw_active_set,
                            step_oracle=learner.bcfw_step_oracle())  # from w = 0 = w(mu) of its starting dual point
         self.search_stats: dict[str, dict[str, float]] = {}  # "train" / "steps": the last epoch's that searched
         self.step_seconds, self.step_rows, self.warmed_up, self.batch_rows = 0.0, 0, False, 1
@@ -428,6 +429,8 @@ class BCFWStrategy(Certified):
     def report(self) -> dict[str, Any]:
         report = super().report() | ({"start": self.start} if self.start else {})
         report |= {"steps_escalated": True} if self.solver.escalated else {}
+        sets = self.solver.active_sets  # pairwise steps: the labellings held per row, those evicted from full sets
+        report |= {"steps": "pairwise", "active_set": sets.size, "evictions": self.solver.evictions} if sets else {}
         return report | ({"inference": self.search_stats} if self.search_stats else {})
 
 
