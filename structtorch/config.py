@@ -44,7 +44,7 @@ class ModelConfig:
     margin_scale: float = 1.0
     bcfw_averaging: bool = False  # solver=bcfw: certify (and predict with) the weighted average of the iterates
     # solver=bcfw: pairwise steps with up to this many labellings per training row (0: Frank-Wolfe steps); auto: 32
-    # (fewer where memory needs it) where the blocks are whole rows and the oracle returns labellings
+    # (fewer where memory or the steps' cost needs it) where the blocks are whole rows and the oracle returns labellings
     bcfw_active_set: Any = "auto"
 
 

@@ -94,7 +94,7 @@ class StructuredLearner(L.LightningModule):
         bcfw_averaging: solver="bcfw" certifies (and predicts with) the weighted average of its iterates
             (``BCFW(averaging=True)``).
         bcfw_active_set: solver="bcfw" takes pairwise steps with up to this many labellings held per training row
-            (``BCFW(active_set=...)``; 0: Frank-Wolfe steps); "auto": 32 (fewer where memory needs it) where its
+            (``BCFW(active_set=...)``; 0: Frank-Wolfe steps); "auto": 32 (fewer where memory or cost needs it) where its
             blocks are whole rows and its oracle returns labellings (RTA), else Frank-Wolfe steps.
         label_names: names of the n labels (pictures, metrics.json); default "y0", "y1", ...
     """
