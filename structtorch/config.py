@@ -114,7 +114,7 @@ class TreeCRFConfig(ModelConfig):
     """TreeCRF: max spanning tree of edge scores, then a tree CRF on local inputs by likelihood."""
 
     loss: str = "crf"
-    test_inference: str = "tree_mpm"  # tree_mpm (Hamming) | tree_map (subset 0/1) | tree_f1 (example F1)
+    test_inference: str = "auto"  # auto (held-out choice) | tree_mpm (Hamming) | tree_map (subset 0/1) | tree_f1 (F1)
     score: str = "dci"  # piecewise | local_cmi | dci | global_cmi | chow_liu
     inputs: str = "l1"  # l1 (top num_inputs columns of an l1 regression per label) | aligned (column i -> label i)
     num_inputs: int = 10

@@ -20,11 +20,13 @@ from torchmetrics.utilities import dim_zero_cat
 from .graph import Graph
 
 __all__ = ["ExampleCounts", "ExampleF1", "HammingAccuracy", "MacroF1", "MicroF1", "PerLabelCounts", "SubsetAccuracy",
-           "EXAMPLE_METRICS", "edge_recovery", "example_scores", "multilabel_metrics", "multilabel_scores",
-           "segmentation_scores"]
+           "EXAMPLE_METRICS", "SELECTION_METRICS", "edge_recovery", "example_scores", "multilabel_metrics",
+           "multilabel_scores", "segmentation_scores", "selection_scores"]
 
 #: the metrics that score each example on its own (``example_scores``): their values are the means over examples
 EXAMPLE_METRICS = ("hamming_acc", "subset_acc", "example_f1")
+#: what the learners' held-out choices score by (RTA's feature map and interactions: their sum; TreeCRF's decoder)
+SELECTION_METRICS = ("subset_acc", "example_f1")
 
 
 def _check(preds: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,6 +65,12 @@ def example_scores(name: str, preds: torch.Tensor, target: torch.Tensor, zero_di
     if name == "example_f1":
         return _f1((p & t).sum(-1), (p & ~t).sum(-1), (~p & t).sum(-1), zero_division)
     raise ValueError(f"example_scores: name must be one of {EXAMPLE_METRICS}, got {name!r}")
+
+
+def selection_scores(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Each example's summed ``SELECTION_METRICS`` [B] (float64: subset accuracy + example F1, in [0, 2]) from preds,
+    target [B, L] in {0, 1}."""
+    return sum(example_scores(m, preds, target) for m in SELECTION_METRICS)
 
 
 class _MultilabelMetric(Metric):

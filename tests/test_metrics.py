@@ -17,6 +17,7 @@ from structtorch.metrics import (
     example_scores,
     multilabel_metrics,
     multilabel_scores,
+    selection_scores,
 )
 
 KEYS = ("hamming_acc", "subset_acc", "example_f1", "micro_f1", "macro_f1")
@@ -40,6 +41,8 @@ def test_example_scores_are_each_rows_metric_by_hand():
         assert float(scores.mean()) == pytest.approx(EXPECTED[name])
     with pytest.raises(ValueError, match="name must be one of"):
         example_scores("micro_f1", P, T)
+    selected = selection_scores(P, T)  # subset + F1 per row: what the learners' held-out choices score by
+    assert selected.dtype == torch.float64 and selected.tolist() == pytest.approx([0.5, 2, 2, 0])
 
 
 def _reference(p: np.ndarray, t: np.ndarray) -> dict[str, float]:

@@ -395,14 +395,24 @@ class StructuredLearner(L.LightningModule):
         """Each example's held-out ``cv_metric`` under each of ``num_lambdas`` lambdas [G, N] (float64), from the
         batched ``energy`` whose model g * stride + f is lambda g trained without fold f (``cv_folds_of``) of x [N, D],
         y [N, n]: every example scored by the model that did not train on it."""
-        fold = self.cv_folds_of(len(x))
-        weight = next(energy.parameters())
-        with torch.no_grad():
-            y_hat = torch.cat([self._predict(energy(x[i].to(weight.device, weight.dtype))).cpu()
-                               for i in torch.arange(len(x)).split(1024)], -2)  # [M, N, n]
-        rows = torch.arange(len(x))
+        fold, rows = self.cv_folds_of(len(x)), torch.arange(len(x))
+        y_hat = self.all_predictions(energy, x, (self._predict,))[0]  # [M, N, n]
         return torch.stack([example_scores(self.hparams.cv_metric, y_hat[g * stride + fold, rows], y)
                             for g in range(num_lambdas)])
+
+    @staticmethod
+    def all_predictions(energy: Energy, x: torch.Tensor, decoders: tuple[Callable[[Potentials], torch.Tensor], ...]
+                        ) -> list[torch.Tensor]:
+        """Every model's prediction of every row of x [N, D] by each decoder: [M, N, n] per decoder (on the CPU),
+        from one pass of the batched ``energy`` over x."""
+        weight = next(energy.parameters())
+        out: list[list[torch.Tensor]] = [[] for _ in decoders]
+        with torch.no_grad():
+            for i in torch.arange(len(x)).split(1024):
+                pot = energy(x[i].to(weight.device, weight.dtype))
+                for predicted, decode in zip(out, decoders):
+                    predicted.append(decode(pot).cpu())
+        return [torch.cat(p, -2) for p in out]
 
     def on_fit_start(self) -> None:
         x, y = training_set(self.trainer)

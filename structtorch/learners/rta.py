@@ -39,7 +39,7 @@ from ..graph import Graph, check_bool, check_float, check_int
 from ..inference import ensemble_map, tree_max_marginals
 from ..inference.kbest import MAX_ENUMERATED
 from ..losses import total_score
-from ..metrics import example_scores
+from ..metrics import selection_scores
 from ..plots import heatmap_figure
 from ..potentials import Potentials
 from ..progress import budget_share, out_of_time, phase, tick
@@ -81,7 +81,7 @@ AUTO_L2_TREES = 10
 #: normalize="auto": the feature maps compared by a 3-fold CV of Independent's SVMs on the training rows, by held-out
 #: subset accuracy plus example F1. On 2,000 of tmc2007's 19,367 rows it chose "global", on all of them "row" (as
 #: Independent on the test file: 25.4 / 60.7 subset / F1 against 24.8 / 60.0; RTA 26.2 / 62.0 against 24.4 / 60.6).
-FEATURE_CV_FOLDS, FEATURE_CV_METRICS = 3, ("subset_acc", "example_f1")
+FEATURE_CV_FOLDS = 3
 
 #: interaction_l2="auto": the candidates (interaction_l2, factor on model.l2=auto) ``choose_interaction`` compares: the
 #: paper's joint features at the default lambda, and no input-dependent interaction at a tenth of it. Measured (test
@@ -269,7 +269,7 @@ class RTA(StructuredLearner):
 
     def choose_feature_map(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any] | None:
         """Set varphi to "row" or "global", whichever gives Independent's SVMs on varphi(x) at lambda n T / 4 (the
-        start's problem, ``dual_start``) the larger mean held-out ``FEATURE_CV_METRICS`` (summed) in a
+        start's problem, ``dual_start``) the larger mean held-out ``SELECTION_METRICS`` (summed) in a
         ``FEATURE_CV_FOLDS``-fold CV of the training rows x [N, D], y [N, n] (relative gap 0.05, a tenth of the time
         left for each map); ties: "row". Returns the scores and the choice, or None (the map stays "row") where
         Independent's kernel cannot be built."""
@@ -292,8 +292,7 @@ class RTA(StructuredLearner):
                 w, b, _ = fitted  # [F, n, D], [F, n]
                 held_out = [(phi[fold == f] @ w[f].T + b[f]).gt(0).long() for f in range(FEATURE_CV_FOLDS)]
                 truth = [y[fold == f] for f in range(FEATURE_CV_FOLDS)]
-                scores[name] = sum(float(example_scores(m, torch.cat(held_out), torch.cat(truth)).mean())
-                                   for m in FEATURE_CV_METRICS)
+                scores[name] = float(selection_scores(torch.cat(held_out), torch.cat(truth)).mean())
         chosen = max(("row", "global"), key=lambda name: (scores[name], name == "row"))
         energy.set_feature_map(chosen)
         rank_zero_info(f"RTA: normalize=auto chose varphi = {chosen!r} (held-out subset accuracy + example F1 of "
@@ -304,7 +303,7 @@ class RTA(StructuredLearner):
         """interaction_l2="auto": set interaction_l2 (and with model.l2=auto, lambda times its factor) to an entry of
         ``INTERACTION_CANDIDATES`` by an ``INTERACTION_CV_FOLDS``-fold CV of one tree on the training rows x [N, D],
         y [N, n] (at most ``INTERACTION_CV_ROWS`` of them; ``held_out_one_tree``), scored per row by held-out
-        ``FEATURE_CV_METRICS`` (summed). The paper's (the first) stays unless another beats it by more than
+        ``SELECTION_METRICS`` (summed). The paper's (the first) stays unless another beats it by more than
         ``INTERACTION_CV_Z`` standard errors of the paired difference (then the best-scoring such). The fits stop at
         the time share ``INTERACTION_CV_SHARE`` each, certified or not (reported): a smaller lambda fits more slowly,
         so a cut-off fit plays against it. One tree at T times the ensemble's lambda regularises a function of the
@@ -319,7 +318,7 @@ class RTA(StructuredLearner):
             for r, factor in INTERACTION_CANDIDATES:
                 with budget_share(INTERACTION_CV_SHARE):
                     y_hat, certified[r] = self.held_out_one_tree(x, y, r, T * lam * (factor if auto else 1.0), fold)
-                per_row[r] = sum(example_scores(m, y_hat, y).double() for m in FEATURE_CV_METRICS)
+                per_row[r] = selection_scores(y_hat, y)
         paper, scores = per_row[INTERACTION_CANDIDATES[0][0]], {r: float(v.mean()) for r, v in per_row.items()}
         z = {r: float((v - paper).mean() / (v - paper).std().div(len(v) ** 0.5).clamp_min(1e-12)) for r, v in
              per_row.items()}  # the paired difference to the paper's in standard errors

@@ -4,8 +4,9 @@ Algorithm 1: weight every label pair by an edge score from estimated conditional
 piecewise, local CMI, DCI, global CMI, or the generative Chow-Liu score), keep the max spanning tree,
 then fit a tree CRF whose factors are log-linear in the labels' local inputs (``LocalLinearEnergy``)
 by l2-regularised conditional log-likelihood, exact through ``tree_logz`` (solver="lbfgs": L-BFGS
-with a duality-gap certificate; a list of l2 values is chosen by cross-validation). It predicts each label's
-posterior mode by default (``test_inference``).
+with a duality-gap certificate; a list of l2 values is chosen by cross-validation). It predicts by the decoder
+(joint mode, each label's posterior mode, or plug-in expected F1) that scores best on held-out rows of that
+cross-validation (``test_inference="auto"``).
 """
 
 from __future__ import annotations
@@ -19,14 +20,21 @@ from ..energies import LocalLinearEnergy
 from ..estimation import EDGE_SCORES, edge_scores, select_inputs
 from ..folds import rows_at_most
 from ..graph import Graph, check_int
+from ..metrics import SELECTION_METRICS, example_scores
 from ..progress import budget_share, phase
 from ..strategies.certified import lbfgs_solver
 from ..structure import candidate_graph, max_spanning_tree
-from .base import StructuredLearner, training_set
+from .base import TEST_INFERENCE, StructuredLearner, training_set
 
 __all__ = ["TreeCRF"]
 
 INPUT_MAPPINGS = ("l1", "aligned")
+#: test_inference="auto" chooses among these, the first unless another is as good on held-out rows (``choose_decoder``).
+#: On the matrix's test files (``experiments/results/tree_crf_decoders.md``) no one decoder stayed within a point of
+#: Independent on both subset accuracy and example F1: tree_mpm was 1.9 F1 points below it on birds (0.64 labels
+#: predicted per row, 0.97 true), tree_map 1.6-2.7 F1 points below on flags, yeast, birds and delicious, tree_f1 3.3
+#: and 6.2 subset points below on tmc2007 and flags
+DECODERS = ("tree_mpm", "tree_map", "tree_f1")
 
 
 class TreeCRF(StructuredLearner):
@@ -48,9 +56,14 @@ class TreeCRF(StructuredLearner):
         score_rows: the input mapping and the edge scores (each a batch of cross-validated regressions) are
             estimated on at most this many training rows, a seeded subset (None: all rows); the CRF itself is
             trained on every row. Structure learning's time then stops growing with N (tmc2007: 21,519 rows).
-        test_inference: how the CRF predicts (``inference.decode``): "tree_mpm" (default: each label's posterior
-            mode, the Bayes decision for the Hamming loss that the M3N learners train for), "tree_map" (the joint
-            mode: subset 0/1) or "tree_f1" (plug-in expected F1). ``experiments/results/tree_crf_decoders.md``.
+        test_inference: how the CRF predicts (``inference.decode``): "tree_mpm" (each label's posterior mode, the
+            Bayes decision for the Hamming loss that the M3N learners train for), "tree_map" (the joint mode: subset
+            0/1), "tree_f1" (plug-in expected F1; binary labels), or "auto" (default): by the predictions of the
+            held-out rows of model.l2=auto's CV at the chosen lambda, "tree_mpm" unless another of ``DECODERS`` is at
+            least as good on both subset accuracy and example F1 and better on their sum beyond the CV's noise
+            (``choose_decoder``; logged, and in metrics.json under ``structure.decoder_choice``); "tree_mpm" where
+            model.l2 is given (a number or a grid).
+            ``experiments/results/tree_crf_decoders.md``.
         cv_folds: folds of the CV that chooses model.l2=auto (``choose_l2``), and of a grid's (``model.l2=[...]``).
         Other args as ``StructuredLearner`` (loss defaults to "crf", solver "auto" = certified L-BFGS).
     """
@@ -73,11 +86,15 @@ class TreeCRF(StructuredLearner):
     #: shape a share of 0.5 ended the path at 0.0046 uncertified (0.015 chosen; 83.74 / 87.88 subset / example F1,
     #: Independent 85.13 / 89.14), 0.75 walked it to 0.00046 in 265 s and the fit certified in 100 s: 85.21 / 89.26
     cv_share, cv_tol = 0.75, 0.05
+    #: test_inference="auto" after a CV on a subset of the rows: the share of the CV's time left that refitting the
+    #: fold models at lambda may take (``choose_l2``); uncertified there, the decoder is tree_mpm. On tmc2007 the
+    #: whole CV, the refit included, took 16 s; at bibtex's shape the path had spent the CV's share and it got none
+    decoder_share = 0.25
 
     def __init__(self, num_features: int, num_labels: int, score: str = "dci", inputs: str = "l1",
                  num_inputs: int = 10, local_unary: bool = False, num_states: int = 2, score_folds: int = 5,
                  candidates: int | None = 10, score_rows: int | None = 2000, loss: str = "crf",
-                 test_inference: str = "tree_mpm", cv_folds: int = 3, **kwargs: Any) -> None:
+                 test_inference: str = "auto", cv_folds: int = 3, **kwargs: Any) -> None:
         if score not in EDGE_SCORES:
             raise ValueError(f"model.score must be one of {EDGE_SCORES}, got {score!r}")
         if inputs not in INPUT_MAPPINGS:
@@ -94,11 +111,13 @@ class TreeCRF(StructuredLearner):
         self.candidates = candidates  # read by build_energy
         self._num_inputs = 1 if inputs == "aligned" else min(num_inputs, num_features)
         self._local_unary, self._num_states = local_unary, num_states  # build_energy runs inside super().__init__
-        super().__init__(num_features, num_labels, loss=loss, test_inference=test_inference, cv_folds=cv_folds,
-                         **kwargs)
+        decoder = DECODERS[0] if test_inference == "auto" else test_inference  # until ``choose_l2`` chooses
+        super().__init__(num_features, num_labels, loss=loss, test_inference=decoder, cv_folds=cv_folds, **kwargs)
         self.save_hyperparameters({"score": score, "inputs": inputs, "num_inputs": num_inputs,
                                    "local_unary": local_unary, "num_states": num_states, "score_folds": score_folds,
-                                   "candidates": candidates, "score_rows": score_rows})
+                                   "candidates": candidates, "score_rows": score_rows,
+                                   "test_inference": test_inference})
+        self.decoder_choice: dict[str, Any] | None = None  # test_inference="auto": ``choose_l2``'s
         self.register_buffer("edge_score", torch.zeros(self.graph.num_edges, dtype=torch.float64))  # on the graph
         self.register_buffer("chosen_l2", torch.tensor(float("nan"), dtype=torch.float64))  # model.l2=auto's CV
         self._cv_start: list[torch.Tensor] | None = None  # the fit's start from that CV (``warm_start``)
@@ -147,11 +166,24 @@ class TreeCRF(StructuredLearner):
             return None
         return self.edge_score[self.structure_mask.to(self.edge_score.device)].float().cpu()
 
+    def structure_summary(self) -> dict[str, Any]:
+        return {**super().structure_summary(), "decoder_choice": self.decoder_choice}
+
+    #: with test_inference="auto"'s choice
+    set_up_reports = (*StructuredLearner.set_up_reports, "decoder_choice")
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        if self.decoder_choice is not None:
+            self._predict = TEST_INFERENCE[self.decoder_choice["chosen"]]
+
     def setup(self, stage: str) -> None:
         """As ``StructuredLearner.setup``; then model.l2=auto is chosen by cross-validation (``choose_l2``)."""
         super().setup(stage)
         if stage == "fit" and self.hparams.l2 == "auto":
             self.choose_l2(*training_set(self.trainer))
+        elif stage == "fit" and self.hparams.test_inference == "auto" and self.decoder_choice is None:
+            rank_zero_info(f"TreeCRF: test_inference=auto: no CV of model.l2 to choose by; {DECODERS[0]}")
 
     def choose_l2(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """model.l2=auto: lambda by ``cv_folds``-fold CV of the CRF on the learned tree (held-out ``cv_metric``) on at
@@ -161,12 +193,13 @@ class TreeCRF(StructuredLearner):
         of their paired difference (one training set's CV is noisy: flags has 116 rows), or that is not certified (to
         ``cv_tol``) within ``cv_share`` of the time left. A fold trains at lambda * N / rows (the same weight against
         each example's loss as on all N rows). The fit then starts at the mean of the chosen lambda's fold models
-        (``warm_start``). A checkpoint keeps the choice. Sets ``l2_grid`` and ``cv_report``; returns lambda."""
+        (``warm_start``). With test_inference="auto" the chosen lambda's fold models also choose the decoder
+        (``choose_decoder``). A checkpoint keeps the choices. Sets ``l2_grid`` and ``cv_report``; returns lambda."""
         if self.chosen_l2.isfinite():
             self._l2_grid = [float(self.chosen_l2)]
             return self._l2_grid[0]
         hp, auto = self.hparams, self.resolve_l2(len(x))[0]
-        k, tried, scores, best, chosen, start = hp.cv_folds, [], [], None, auto, None
+        k, tried, scores, best, chosen, start, decoders = hp.cv_folds, [], [], None, auto, None, None
         xs, ys, rows = rows_at_most(x, y, hp.score_rows, "model.score_rows")
         fold = self.cv_folds_of(len(xs)).to(self.fit_device)
         mask = torch.stack([fold != f for f in range(k)])  # [k, rows]: fold f's model trains without fold f
@@ -185,6 +218,16 @@ class TreeCRF(StructuredLearner):
                 if best is not None and not _better(held, best):
                     break
                 best, chosen, start = held, lam, [p.detach().mean(0) for p in energy.parameters()]
+                if hp.test_inference == "auto" and len(xs) == len(x):
+                    decoders = self.decoder_scores(energy, xs, ys)
+            if hp.test_inference == "auto" and best is not None and decoders is None:
+                # on a subset of rows the path's fold models weigh the prior N / rows times more against each row's loss
+                # than the fit on all N rows does: flatter posteriors, which favour tree_f1 (README, TreeCRF)
+                fit = torch.full((k,), chosen, dtype=torch.float64, device=self.fit_device)
+                with budget_share(self.decoder_share):
+                    refit = lbfgs_solver(self, energy, x_fit, labels, fit, mask, tol=max(hp.tol, self.cv_tol)).fit()
+                if bool(refit.converged.all()):
+                    decoders = self.decoder_scores(energy, xs, ys)
         # not certified even at auto_l2 / N: its fold models as they are
         self._cv_start = start if best is not None else [p.detach().mean(0) for p in energy.parameters()]
         self.cv_report = {"metric": hp.cv_metric, "folds": k, "rows": len(xs), "l2": tried, "scores": scores,
@@ -195,6 +238,40 @@ class TreeCRF(StructuredLearner):
                        f"budget; lambda = {auto:.4g}")
         self._l2_grid = [chosen]
         self.chosen_l2.fill_(chosen)
+        if hp.test_inference == "auto":
+            self.choose_decoder(decoders, chosen)
+        return chosen
+
+    def decoder_scores(self, energy: LocalLinearEnergy, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each decoder of ``DECODERS`` (binary labels: all; else the first two): the held-out ``SELECTION_METRICS``
+        [N, 2] (subset accuracy, example F1) of its predictions of x [N, D] against y [N, n], each row by the batched
+        ``energy``'s fold model that did not train on it (``cv_folds_of``)."""
+        names = DECODERS if self._num_states == 2 else DECODERS[:2]
+        fold, rows = self.cv_folds_of(len(x)), torch.arange(len(x))
+        y_hat = self.all_predictions(energy, x, tuple(TEST_INFERENCE[name] for name in names))  # [k, N, n] each
+        return {name: torch.stack([example_scores(m, p[fold, rows], y) for m in SELECTION_METRICS], -1)
+                for name, p in zip(names, y_hat)}
+
+    def choose_decoder(self, per_row: dict[str, torch.Tensor] | None, lam: float) -> str:
+        """test_inference="auto": the first of ``DECODERS`` (each label's posterior mode) unless another decoder's
+        held-out rows (``decoder_scores`` at the chosen lambda ``lam``, [N, 2] each) have a mean subset accuracy and
+        a mean example F1 both at least its, and a sum of the two above its by more than the standard error of the
+        paired difference (``_better``, as lambda's path); then the one of those with the largest sum. Sets
+        ``decoder_choice`` and returns its name. None (no certified fold models): the first."""
+        first = DECODERS[0]
+        if per_row is None:
+            self.decoder_choice = {"chosen": first, "scores": None, "l2": lam}
+            rank_zero_info(f"TreeCRF: test_inference=auto: no certified fold models to choose by; {first}")
+            return first
+        means = {name: v.mean(0) for name, v in per_row.items()}  # [2]
+        better = [name for name, v in per_row.items() if bool((means[name] >= means[first]).all())
+                  and _better(v.sum(-1), per_row[first].sum(-1))]
+        chosen = max(better, key=lambda name: float(means[name].sum())) if better else first
+        self._predict = TEST_INFERENCE[chosen]
+        scores = {name: dict(zip(SELECTION_METRICS, m.tolist())) for name, m in means.items()}
+        self.decoder_choice = {"chosen": chosen, "scores": scores, "l2": lam}
+        listed = ", ".join(f"{name} {m[0]:.4f} / {m[1]:.4f}" for name, m in means.items())
+        rank_zero_info(f"TreeCRF: test_inference=auto chose {chosen} (held-out subset accuracy / example F1: {listed})")
         return chosen
 
     def warm_start(self, x: torch.Tensor, y: torch.Tensor, lam: float | torch.Tensor, mask: torch.Tensor | None
