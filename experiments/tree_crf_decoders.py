@@ -76,9 +76,9 @@ def main() -> None:
         "", "Test accuracies in % (Hamming / subset 0-1 / example F1) of one TreeCRF run per dataset with the CLI's "
         "defaults, decoded three ways: `tree_map` (joint mode: Bayes for subset 0/1), `tree_mpm` (each label's "
         "posterior mode: Bayes for Hamming), `tree_f1` (plug-in expected F1), and as the model predicts by default "
-        "(`auto`: the decoder with the best held-out subset accuracy + example F1 in the CV of model.l2, unless "
-        "within its noise of `tree_mpm`; `auto chose` names it). `model.test_inference` chooses. Written by "
-        "`python experiments/tree_crf_decoders.py`."])
+        "(`auto`: on the held-out rows of the CV of model.l2, `tree_mpm` unless another decoder is at least as good "
+        "on subset accuracy and on example F1 and better on their sum beyond the CV's noise; `auto chose` names it). "
+        "`model.test_inference` chooses. Written by `python experiments/tree_crf_decoders.py`."])
 
 
 if __name__ == "__main__":
