@@ -51,18 +51,21 @@ def test_full_beats_independent_on_coupled_labels(independent_on_exclusions) -> 
 
 
 def test_full_lp_map_prediction_path() -> None:
+    """test_inference="lp_map" decodes by ``lp_map``; the default smoothed decoding mostly agrees with it on 5 labels
+    (200 rows: 0.93 - 0.99 of the labels on seeds 0-9). Seeded: on 6 rows drawn from whatever RNG state the tests
+    before it left, agreement fell to 0.70."""
+    torch.manual_seed(0)
     model = Full(4, 5, test_inference="lp_map")
     with torch.no_grad():
         model.energy.unary.weight.normal_()
         model.energy.edge_weight.normal_(0, 0.25)  # a spin w_ij is 4 w_ij y_i y_j: sd 1 in the indicator form
-    x = torch.randn(6, 4)
+    x = torch.randn(200, 4)
     y_lp = model(x)
     pot = model.energy(x)
     assert torch.equal(y_lp, lp_map(pot).assignment)
     model_s = Full(4, 5)
     model_s.load_state_dict(model.state_dict())
-    # on 5 labels with moderate couplings the smoothed decoding and the LP decoding mostly agree
-    assert (model_s(x) == y_lp).float().mean() >= 0.8
+    assert (model_s(x) == y_lp).float().mean() >= 0.9  # a decoder unrelated to the LP's agrees on about half
 
 
 def test_full_hinge_upper_bounds_exact_hinge() -> None:
