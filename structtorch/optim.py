@@ -71,6 +71,11 @@ class ModelSlices:
                 for m in which.nonzero()[:, 0].tolist():
                     chunk[m].copy_(p.detach().view(self.M, -1)[m])
 
+    def value(self, objective: Callable[[], Objective]) -> torch.Tensor:
+        """objective() [M] at the current parameters, without building its graph (a line search's trial points)."""
+        with torch.no_grad():
+            return sum(term.reshape(self.M) for term in _terms(objective()))
+
     def value_and_grad(self, objective: Callable[[], Objective]) -> tuple[torch.Tensor, torch.Tensor]:
         """(objective() [M], its gradient [M, P]) at the current parameters; a streamed objective (an iterable of
         terms [M]) is summed term by term, each term's graph freed before the next is built."""

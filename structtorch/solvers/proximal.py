@@ -91,7 +91,8 @@ class BatchedFISTA:
         x_new, f_new = self.x.clone(), self.F.new_zeros(self.M)
         for _ in range(max_backtracks):
             trial = torch.where(accepted[:, None], x_new, self._prox(self.y - self.gy / L[:, None], L))
-            f, _ = self._evaluate(trial)
+            self.slices.set(trial)
+            f = self.slices.value(self.smooth)  # the trial's gradient is not needed: the accepted y's is
             d = trial - self.y
             bound = self.fy + (self.gy * d).sum(1) + 0.5 * L * (d * d).sum(1)
             ok = accepted | (f <= bound + 1e-12 * self.fy.abs())
