@@ -7,8 +7,10 @@ Test modules import the helpers with ``from conftest import ...`` (pytest puts `
 from __future__ import annotations
 
 import logging
+import random
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from hypothesis import strategies as st
@@ -30,10 +32,6 @@ def seeded_rng():
     """Every test starts from the same torch and numpy global RNG state, whatever ran before it on its xdist worker:
     a test that draws without its own seed is then reproducible (test_full's LP-decoding check drew 6 rows from the
     state the tests before it left, and failed once the set of tests before it changed)."""
-    import random
-
-    import numpy as np
-
     torch.manual_seed(0)
     np.random.seed(0)
     random.seed(0)
