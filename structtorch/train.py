@@ -344,7 +344,8 @@ def format_metrics(metrics: dict[str, Any], shown: Sequence[str] | None = None) 
     cv = metrics.get("cv")
     if cv:
         curve = "  ".join(f"{l2:g}: {100 * score:.2f}" for l2, score in zip(cv["l2"], cv["scores"]))
-        rows.append(f"{'chosen l2':<22} {cv['chosen_l2']:8g}   ({cv['folds']}-fold CV {cv['metric']} %: {curve})")
+        curve = f"{cv['metric']} %: {curve}" if curve else "no lambda certified in its share of the time budget"
+        rows.append(f"{'chosen l2':<22} {cv['chosen_l2']:8g}   ({cv['folds']}-fold CV {curve})")
     solver = metrics.get("solver")
     if solver:
         rows.append(_solver_row(solver))

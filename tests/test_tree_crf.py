@@ -61,12 +61,13 @@ def test_restrict_keeps_the_edges_weights_and_inputs():
     assert torch.allclose(e(x).pairwise, before[:, mask])
 
 
-def test_batched_models_equal_one_model_at_a_time():
-    e, inputs = random_energy(num_models=3)
+@pytest.mark.parametrize("local_unary", [True, False])
+def test_batched_models_equal_one_model_at_a_time(local_unary):
+    e, inputs = random_energy(num_models=3, local_unary=local_unary)
     x = torch.randn(4, 6, dtype=F64)
     pot = e(x)
     for m in range(3):
-        one = LocalLinearEnergy(6, 4, num_inputs=2, local_unary=True).double()
+        one = LocalLinearEnergy(6, 4, num_inputs=2, local_unary=local_unary).double()
         one.set_inputs(inputs)
         with torch.no_grad():
             for p, q in zip(one.parameters(), e.parameters()):

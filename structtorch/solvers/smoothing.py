@@ -69,6 +69,8 @@ SmoothedMax = Callable[[Potentials, torch.Tensor], torch.Tensor]
 
 def tree_smoothed_max(pot: Potentials, eps: torch.Tensor) -> torch.Tensor:
     """eps * log sum_y exp(score(y) / eps) [M, N] on a tree or forest (exact); eps [M, 1]."""
+    if bool((eps == 1).all()):  # a CRF's log Z: no copies of the potentials (and of their gradients) divided by 1
+        return tree_logz(pot)
     e = eps[..., None, None]
     return eps * tree_logz(Potentials(pot.unary / e, pot.pairwise / e[..., None], pot.graph))
 
