@@ -26,7 +26,13 @@ from structtorch.estimation import (
     scores_from_log_probs,
     select_inputs,
 )
-from structtorch.estimation.conditionals import distinct_rows, fit_logistic, logistic_cv_log_probs, table_log_probs
+from structtorch.estimation.conditionals import (
+    _newton_step,
+    distinct_rows,
+    fit_logistic,
+    logistic_cv_log_probs,
+    table_log_probs,
+)
 from structtorch.folds import fold_assignment
 from structtorch.inference.exact import all_assignments
 from structtorch.structure import label_mutual_information, max_spanning_tree
@@ -243,6 +249,37 @@ def test_fit_logistic_equals_sklearn_one_at_a_time(num_classes: int) -> None:
         np.testing.assert_allclose(probs[f, g, r].numpy(), ref, rtol=0, atol=1e-4, err_msg=f"{f} {g} {r}")
 
 
+@pytest.mark.parametrize("num_classes", [2, 3, 4])
+def test_newton_step_in_sum_zero_coordinates_equals_the_full_newton_step(num_classes: int) -> None:
+    """``_newton_step`` solves in the C - 1 class-sums-zero coordinates: at a theta in that subspace its step and
+    decrement are the full Newton step's (H by autograd on every (q, c), plus the penalty; H^-1 g by least squares
+    on the subspace: the full H of the likelihood alone is singular along theta_c + t)."""
+    gen = torch.Generator().manual_seed(num_classes)
+    R, N, P, C = 3, 40, 2, num_classes
+    design = torch.randn(R, N, P, generator=gen, dtype=torch.float64)
+    target = torch.randint(0, C, (R, N), generator=gen)
+    wt = torch.rand(2, 1, R, N, 1, generator=gen, dtype=torch.float64)
+    pen = torch.tensor([0.3, 0.3, 1e-6], dtype=torch.float64)[None, None, None, :, None]
+    theta = torch.randn(2, 1, R, P + 1, C, generator=gen, dtype=torch.float64)
+    theta = theta - theta.mean(-1, keepdim=True)  # in the subspace, as every iterate from 0 is
+    z = torch.cat([design, design.new_ones(R, N, 1)], -1)
+    onehot = torch.nn.functional.one_hot(target, C).double()
+    iq, jq = torch.triu_indices(P + 1, P + 1)
+
+    def objective(th: torch.Tensor) -> torch.Tensor:
+        logp = torch.einsum("rnq,fgrqc->fgrnc", z, th).log_softmax(-1)
+        return -(wt * onehot * logp).sum() + 0.5 * (pen * th.pow(2)).sum()
+
+    logp = torch.einsum("rnq,fgrqc->fgrnc", z, theta).log_softmax(-1)
+    step, decrement = _newton_step(z, z[..., iq] * z[..., jq], onehot, wt, pen, theta, logp)
+    grad = torch.autograd.functional.jacobian(objective, theta)
+    hess = torch.autograd.functional.hessian(objective, theta).reshape(theta.numel(), theta.numel())
+    full = torch.linalg.lstsq(hess, grad.reshape(-1, 1)).solution.view_as(theta)  # H is block-diagonal over models
+    torch.testing.assert_close(step, full, rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(step.sum(-1), torch.zeros_like(step[..., 0]), rtol=0, atol=1e-10)
+    torch.testing.assert_close(decrement, 0.5 * (grad * full).sum((-1, -2)), rtol=1e-7, atol=1e-10)
+
+
 def sklearn_cv(x: np.ndarray, t: np.ndarray, num_classes: int, lambdas: tuple[float, ...], fold: np.ndarray
                ) -> tuple[int, np.ndarray]:
     """The grid index with the best summed held-out log-likelihood, and its whole-data probabilities."""
@@ -298,6 +335,21 @@ def test_logistic_cv_on_repeated_binary_rows_equals_sklearn_cv_on_every_row() ->
         assert len(inputs) < N / 4  # the case the compression is for
         assert torch.equal(inputs[inverse][:, :len(s)], x[:, s]) and torch.equal(t[inverse], tr)
     assert_cv_equals_sklearn_cv(x, target, subsets, 4, k=3, seed=1)
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_distinct_rows_by_one_sort_of_keys_equal_unique_rows(binary: bool) -> None:
+    """Coded columns that fit one 63-bit key (binary, word-like x) go through one batched sort of keys, the others
+    (continuous x: 20 columns of 150 values) through ``torch.unique`` per regression: the same distinct rows."""
+    gen = torch.Generator().manual_seed(3)
+    N, D = 150, 30
+    x = (torch.rand(N, D, generator=gen) < 0.2).double() if binary else torch.randn(N, D, generator=gen).double()
+    subsets = pad_subsets([list(range(20)), [4, 7], [29], list(range(10, 30))], D)
+    target = torch.randint(0, 4, (len(subsets), N), generator=gen)
+    for (inputs, t, inverse), cols, tr in zip(distinct_rows(x, target, subsets), subsets, target):
+        xz = torch.cat([x, torch.zeros(N, 1, dtype=x.dtype)], 1)
+        assert torch.equal(inputs[inverse], xz[:, cols]) and torch.equal(t[inverse], tr)
+        assert len(inputs) == len(torch.unique(torch.cat([xz[:, cols], tr[:, None].double()], 1), dim=0))
 
 
 # ---------------------------------------------------------------------- count tables, estimator choice
