@@ -298,18 +298,19 @@ class SmoothedHinge:
     def _relative(self, U: torch.Tensor, P: torch.Tensor, rows: slice
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Unary U [M, rows, n, K] less each label's entry at y_i, pairwise P [M, rows or 1, E, K, K] less each
-        edge's entry at y_i (tables shared by the rows: less each table's largest entry, a constant), and the score
-        of y_i under them [M, rows] (0 but for shared tables). The smoothed max less the score is unchanged (each
-        factor's marginals sum to 1), but neither term is the size of a whole labelling's score any more: in
-        float32 at corel5k's shape (374 labels) the two cancelled to within about 1e-4 of each example's loss,
-        the gradient's marginals lost as much, and L-BFGS stalled near its optimum (13-29 evaluations a step)."""
+        edge's entry at y_i (tables shared by the rows as they are), and the score of y_i under them [M, rows] (0
+        but for shared tables). The smoothed max less the score is unchanged (each factor's marginals sum to 1), but
+        neither term is the size of a whole labelling's score any more: in float32 at corel5k's shape (374 labels)
+        the two cancelled to within about 1e-4 of each example's loss, the gradient's marginals lost as much, and
+        L-BFGS stalled near its optimum (13-29 evaluations a step). Shared tables are not shifted (no per-row
+        copy): a constant shift, such as each table's largest entry, would put -w on every (0, 0) edge of
+        Finley-Joachims' tables (0 but at (1, 1)), whose sparse rows' scores are small as they are."""
         y, small, edges, K = self.y[rows], self.y_small[rows], self.edges, self.K
         M, E = U.shape[0], edges.shape[0]
         U = U - U.gather(-1, y.expand(M, *y.shape).unsqueeze(-1))
         # [rows, E]: the entry (y_a, y_b) of each edge's table (index_select on int16: 4x faster than on int64)
         state = (small.index_select(1, edges[:, 0]) * K + small.index_select(1, edges[:, 1])).long()
         if P.shape[1] == 1:  # shared tables: index [M, E K K] (its gradient is E K K numbers, not rows of them)
-            P = P - P.detach().flatten(-2).amax(-1)[..., None, None]
             return U, P, P.reshape(M, E * K * K)[:, torch.arange(E, device=y.device) * K * K + state].sum(-1)
         P = P - P.flatten(-2).gather(-1, state.expand(M, *state.shape).unsqueeze(-1)).unsqueeze(-1)
         return U, P, U.new_zeros(U.shape[:2])
