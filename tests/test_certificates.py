@@ -351,6 +351,40 @@ def test_a_certificate_pass_slower_than_expected_stops_past_the_budget_and_the_r
     assert "NOT certified (not computed: its pass over the training set would end more than" in console
 
 
+def test_a_certificate_pass_too_slow_for_the_budget_finishes_with_the_steps_search(monkeypatch):
+    """Where the steps search with a cheaper oracle of their own (RTA above ``HAMMING_MAX_LABELS`` labels: K not
+    doubled) and the certificate's pass with K doubling would end past the budget (RTA on delicious: 14 rows/s
+    against the steps' 130), the rest of its rows take the steps' search: Lemma 7's bound at the smaller K is still
+    an upper bound on the max, so the run reports a gap (a looser one, never below the full search's) and says on
+    how many rows, instead of no certificate; where that search too would end past the budget, none, as before."""
+    from structtorch.strategies import certified
+
+    monkeypatch.setattr(RTA, "certificate_rows", property(lambda self: 7))
+    monkeypatch.setattr(RTA, "step_search_rows", property(lambda self: 7))
+    monkeypatch.setattr(RTA, "bcfw_step_oracle", lambda self: EnsembleOracle(self.hparams.k, self.hparams.k))
+    model = _rta_fit(2, exact_labels=0, k=1, k_max=8)
+    strategy = model.strategy
+    full = strategy.certify()
+    assert strategy.cheaper_search is None and full is not None
+    steps_search = EnsembleOracle(1, 1)  # counts the rows it searched for the certificate, not for an escalation check
+    monkeypatch.setattr(certified.BCFWStrategy, "certificate_seconds", lambda self: 16.0)  # a grace of 8 s
+    monkeypatch.setattr(strategy.solver, "step_oracle", steps_search)
+    clock = itertools.count(step=5.0)
+    monkeypatch.setattr(certified, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))  # 5 s a reading
+    # 20 s of budget left: the doubling search's pace (7 rows in 5 s) says its other 53 rows end 30 s past it; the
+    # steps' search, once it searches, fits
+    monkeypatch.setattr(certified, "out_of_time", lambda distributed=False, reserve=0.0: reserve >= 20.0
+                        and not steps_search.searches)
+    info = strategy.certify()
+    assert info is not None and strategy.unfit is None and steps_search.searches == 53  # the last 53 rows
+    assert strategy.cheaper_search.startswith("the steps' search (K not doubled) on the last 53 of 60 rows")
+    assert torch.allclose(info.dual, full.dual, rtol=1e-12) and bool((info.primal >= full.primal).all())
+    assert bool((info.primal >= info.dual).all())
+    assert strategy.report()["cheaper_search"] == strategy.cheaper_search
+    monkeypatch.setattr(certified, "out_of_time", lambda distributed=False, reserve=0.0: reserve >= 20.0)
+    assert strategy.certify() is None and "would end more than 8 s past trainer.time_budget" in strategy.unfit
+
+
 def test_a_short_certificate_pass_a_second_past_the_budget_is_finished_and_certifies(monkeypatch):
     """A pass expected to take well under a second (half of it: a grace of 0.2 s) that its own pace says will end
     about a second past the budget is finished (``CERTIFICATE_GRACE_S``): RTA at enron's shape, 3.4 labels a row,
@@ -395,6 +429,7 @@ def test_rta_certifies_in_batches_sized_by_its_searches(monkeypatch):
     from structtorch.solvers import BCFW
 
     assert RTA(103, 14).certificate_rows == 1024 and RTA(500, 983).certificate_rows == 26
+    assert RTA(500, 983).step_search_rows == 106  # the steps' search: K = k = 8, not k_max = 32
     seen, gap = [], BCFW.duality_gap
     monkeypatch.setattr(RTA, "certificate_rows", property(lambda self: 7))
     monkeypatch.setattr(BCFW, "duality_gap", lambda self, batches: gap(self, (seen.append(len(b[0])) or b

@@ -326,6 +326,11 @@ class StructuredLearner(L.LightningModule):
         """Training rows per batch of the BCFW certificate's pass over the training set (default 1024)."""
         return 1024
 
+    @property
+    def step_search_rows(self) -> int:
+        """Rows per batch of a certificate's pass searching with ``bcfw_step_oracle`` (default ``certificate_rows``)."""
+        return self.certificate_rows
+
     def _exact_tree_training(self) -> bool:
         return self._train_max is TRAIN_INFERENCE["tree_map"] and self.graph.is_forest
 

@@ -440,8 +440,16 @@ class RTA(StructuredLearner):
     def certificate_rows(self) -> int:
         """Rows per batch of the certificate's pass: at most ``SEARCH_ELEMENTS`` of T trees x n labels x k_max per
         batch (delicious: 26 rows; 1024 rows there took the process past 23 GB and was killed), at most 1024."""
+        return self._search_rows(self.hparams.k_max)
+
+    @property
+    def step_search_rows(self) -> int:
+        """As ``certificate_rows`` for the steps' search, whose K is k (delicious: 106 rows)."""
+        return self._search_rows(self.hparams.k)
+
+    def _search_rows(self, k: int) -> int:
         T, n = self.trees.edges.shape[0], self.hparams.num_labels
-        return max(1, min(1024, SEARCH_ELEMENTS // (T * n * self.hparams.k_max)))
+        return max(1, min(1024, SEARCH_ELEMENTS // (T * n * k)))
 
     @property
     def exact(self) -> bool:

@@ -448,7 +448,7 @@ class BCFW:
         acc = [torch.zeros_like(p) for p in self.params]
         lin = torch.zeros_like(self.lam, dtype=f64)
         e = self.energy.graph.edges.reshape(-1, 2)
-        for y, index, U, P in self._lifted(batches):
+        for y, index, U, P, _ in self._lifted(batches):
             with torch.no_grad():
                 keep = self.mask[:, index].T.to(U.dtype)  # [B, M]
                 qi = q[index].to(U.dtype)
@@ -489,16 +489,17 @@ class BCFW:
         return c
 
     def _lifted(self, batches: Iterable[tuple[torch.Tensor, ...]]
-                ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """For each batch (x, y, index): the checked labels y [B, n] and index [B] and the lifted potentials U, P
-        (``lift_models``) of x, with the dual state allocated."""
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Oracle | None]]:
+        """For each batch (x, y, index) or (x, y, index, oracle): the checked labels y [B, n] and index [B], the
+        lifted potentials U, P (``lift_models``) of x, with the dual state allocated, and the batch's oracle (None:
+        none given)."""
         for batch in batches:
             x, y, index = batch[0], batch[1], batch[2]
             pot = self.energy(x)
             y, index = self._check_batch(pot, x, y, index)
             U, P = lift_models(pot, self.num_models)
             self._ensure_state(U.shape[-1])
-            yield y, index, U, P
+            yield y, index, U, P, batch[3] if len(batch) > 3 else None
 
     def _add_weights(self, acc: list[torch.Tensor], U: torch.Tensor, P: torch.Tensor, nu_u: torch.Tensor,
                      nu_p: torch.Tensor, retain_graph: bool = False) -> None:
@@ -723,7 +724,10 @@ class BCFW:
             return self._terms(U, P, y, index, *self.point_state())[2].sum(-1)
 
     def duality_gap(self, batches: Iterable[tuple[torch.Tensor, ...]]) -> GapInfo:
-        """Exact P(w) - D(mu) by one pass over ``batches`` of (x, y, index) covering every example.
+        """Exact P(w) - D(mu) by one pass over ``batches`` of (x, y, index) covering every example; a batch
+        (x, y, index, oracle) searches with that oracle instead of ``oracle`` (None: ``oracle``), e.g. the steps'
+        cheaper one where the pass would not fit the time budget: its value must bound the max from above (Lemma 7's
+        bound does), so the primal stays an upper bound and the gap a certificate, a looser one.
 
         D(mu) uses w(mu) rebuilt from the dual state (no drift), so the certificate holds for the
         current parameters. With averaging, w is the average and D the larger of D(mu_avg) and
@@ -738,14 +742,17 @@ class BCFW:
         lins = [torch.zeros_like(self.lam, dtype=f64) for _ in range(num_states)]
         accs = [[torch.zeros_like(p) for p in self.params] for _ in range(num_states)]
         seen = torch.zeros(self.num_examples, dtype=torch.bool, device=self.lam.device)
-        for y, index, U, P in self._lifted(batches):
+        for y, index, U, P, oracle in self._lifted(batches):
             states = [self.point_state(), (self.nu_unary, self.nu_pair, self.ell)][:num_states]
             w = (self.mask[:, index] / self.count[:, None]).to(f64)
+            oracle = self.oracle if oracle is None else oracle
             with torch.no_grad():
-                terms = self._terms(U.detach(), P.detach(), y, index, *states[0])
+                terms = self._terms(U.detach(), P.detach(), y, index, *states[0], oracle)
                 hinge += (terms[3].to(f64) * w).sum(1)
                 found += terms[2].sum((1, 2)).to(f64)
-                if checks_steps:  # not one of the steps' searches: their counts stay as they were
+                if checks_steps and oracle is self.step_oracle:  # this batch's search was the steps' own
+                    step_found += terms[2].sum((1, 2)).to(f64)
+                elif checks_steps:  # not one of the steps' searches: their counts stay as they were
                     with getattr(self.step_oracle, "uncounted", nullcontext)():
                         step = self._terms(U.detach(), P.detach(), y, index, *states[0], self.step_oracle)
                     step_found += step[2].sum((1, 2)).to(f64)

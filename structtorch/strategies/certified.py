@@ -267,6 +267,7 @@ class BCFWStrategy(Certified):
                            margin=learner.margin, averaging=hp.bcfw_averaging, active_set=hp.bcfw_active_set,
                            step_oracle=learner.bcfw_step_oracle())  # from w = 0 = w(mu) of its starting dual point
         self.search_stats: dict[str, dict[str, float]] = {}  # "train" / "steps": the last epoch's that searched
+        self.cheaper_search: str | None = None  # the last certificate's rows searched by the steps' oracle (``_rows``)
         self.step_seconds, self.step_rows, self.warmed_up, self.batch_rows = 0.0, 0, False, 1
         self.start: dict[str, Any] = {}
         if state is not None:  # the checkpoint's dual state and weights
@@ -392,34 +393,51 @@ class BCFWStrategy(Certified):
 
     def certify(self) -> GapInfo | None:
         """The exact duality gap, one pass over the training set (a progress line every ``EVERY_S`` seconds of a
-        long pass). None, with ``unfit`` saying why, once the pass's own pace says it would end past the time budget
-        by more than its grace (``certificate_grace``; ``certificate_seconds``: from the steps' pace): K-best searches
-        that double K for uncertified rows can make the pass many times slower than the steps (RTA on delicious: 14
-        rows/s against 130). The steps then have the budget left."""
+        long pass). K-best searches that double K for uncertified rows can make the pass many times slower than the
+        steps (RTA on delicious: 14 rows/s against 130): once the pass's own pace says it would end past the time
+        budget by more than its grace (``certificate_grace``; ``certificate_seconds``: from the steps' pace), the rest
+        of its rows take the steps' search (``_rows``; a looser bound, still an upper one: ``cheaper_search`` says
+        how many rows). None, with ``unfit`` saying why, where that too would end past it: the steps then have the
+        budget left."""
         every, escalated = torch.arange(len(self.x), device=self.x.device), self.solver.escalated
+        self.cheaper_search = None
         with phase(f"{type(self.learner).__name__} ({self.name}) certificate", quiet=True):
             try:
-                info = self.solver.duality_gap(self._rows(every.split(self.learner.certificate_rows)))
+                info = self.solver.duality_gap(self._rows(every))
             except OutOfTime as err:
                 self.unfit = f"not computed: {err}"
                 return None
         self._record_searches()
+        if self.cheaper_search is not None:
+            rank_zero_info(f"{type(self.learner).__name__} (bcfw) certificate: {self.cheaper_search}")
         if self.solver.escalated and not escalated:
             rank_zero_info(f"{type(self.learner).__name__} (bcfw): the certificate's search found violators that the "
                            f"steps' cheaper one does not (a relative gap above model.tol): the steps take the "
                            f"certificate's search from now on")
         return info
 
-    def _rows(self, chunks: tuple[torch.Tensor, ...]) -> Iterator[tuple[torch.Tensor, ...]]:
+    def _rows(self, every: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
+        """The certificate's batches (x, y, index, oracle) of the row indices ``every`` [N], oracle None (the
+        certificate's; ``certificate_rows`` a batch) until the pace since the pass began says it would end more than
+        its grace past the time budget; from then on the steps' own (where they have a cheaper one, ``step_search_rows``
+        a batch; ``cheaper_search``), and OutOfTime once the pace since then says the same."""
         done, start, grace = 0, time.monotonic(), self.certificate_grace()
-        for i in chunks:
-            tick(done, len(self.x), "rows")
-            took = time.monotonic() - start
-            rest = took / done * (len(self.x) - done) if done else 0.0  # at the pass's own pace so far
-            if done and out_of_time(reserve=rest - grace):
-                raise OutOfTime(f"its pass over the training set would end more than {grace:.0f} s past "
-                                f"trainer.time_budget ({done} of {len(self.x)} rows in {took:.0f} s)")
-            yield self.x[i], self.y[i], i
+        oracle, since, at, N, rows = None, start, 0, len(self.x), self.learner.certificate_rows
+        while done < N:
+            i = every[done:done + rows]
+            tick(done, N, "rows")
+            took = time.monotonic() - since
+            rest = took / (done - at) * (N - done) if done > at else 0.0  # at the pace since ``since``
+            if done > at and out_of_time(reserve=rest - grace):
+                if oracle is not None or self.solver.step_oracle is self.solver.oracle:
+                    raise OutOfTime(f"its pass over the training set would end more than {grace:.0f} s past "
+                                    f"trainer.time_budget ({done} of {N} rows in {time.monotonic() - start:.0f} s)")
+                oracle, since, at = self.solver.step_oracle, time.monotonic(), done
+                i = every[done:done + (rows := self.learner.step_search_rows)]
+                self.cheaper_search = (f"the steps' search (K not doubled) on the last {N - done} of {N} rows: with "
+                                       f"K doubled the pass would have ended more than {grace:.0f} s past "
+                                       f"trainer.time_budget ({done} rows in {took:.0f} s)")
+            yield self.x[i], self.y[i], i, oracle
             done += len(i)
 
     def state_dict(self) -> dict[str, Any]:
@@ -429,6 +447,7 @@ class BCFWStrategy(Certified):
     def report(self) -> dict[str, Any]:
         report = super().report() | ({"start": self.start} if self.start else {})
         report |= {"steps_escalated": True} if self.solver.escalated else {}
+        report |= {"cheaper_search": self.cheaper_search} if self.cheaper_search else {}
         sets = self.solver.active_sets  # pairwise steps: the labellings held per row, those evicted from full sets
         report |= {"steps": "pairwise", "active_set": sets.size, "evictions": self.solver.evictions} if sets else {}
         return report | ({"inference": self.search_stats} if self.search_stats else {})
