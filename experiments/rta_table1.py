@@ -11,7 +11,7 @@ code path (``structtorch.train.run``):
 - ``rta``: ``model=rta model.margin=zero_one`` (Def. 6; BCFW to a 1e-3 duality gap or ``--max-epochs``;
   lambda = ``model.l2=1e-4`` on unit-norm features (``--set`` overrides it), not tuned on any test fold), with the
   fraction of test examples whose inference Lemma 7 certified; ``rta_hamming``: the same with the Hamming-rescaled
-  margin (``model=rta``'s default up to 22 labels);
+  margin (``model=rta``'s default);
 - ``svm``: the paper's SVM = ``model=independent`` (one linear SVM per label), l2 chosen by 5-fold CV
   inside each training fold (the grid is one batched, certified model);
 - ``mam``: ``model=mam``, the same number of random trees trained separately, max-marginals averaged, at

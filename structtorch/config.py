@@ -136,7 +136,7 @@ class RTAConfig(ModelConfig):
     exact_labels: int = 22  # up to this many labels inference scores every labelling (exact), above it K-best lists
     seed: int = 0
     normalize: Any = "auto"  # row (x / |x|, the paper's) | global (x / rms row norm) | false | auto: CV of Independent
-    margin: str = "auto"  # hamming up to 22 labels or at label density >= 0.05, else zero_one (Def. 6)
+    margin: str = "hamming"  # hamming (margin = Hamming distance) | zero_one (Def. 6: 1 against the worst violator)
     bias_reg: float = 1.0
     independent_start: bool = True  # BCFW starts at the dual point of Independent's solution (product distributions)
     interaction_l2: Any = 1.0  # edge tables' x-dependent interaction's l2 weight: 1 (paper's), inf (none), auto (CV)

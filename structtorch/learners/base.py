@@ -108,7 +108,7 @@ class StructuredLearner(L.LightningModule):
     auto_l2: float = 100.0
     #: model.l2=auto never regularises more than this (None: no cap)
     max_auto_l2: float | None = None
-    #: the values model.margin takes (RTA adds "auto")
+    #: the values model.margin takes
     MARGINS: tuple[str, ...] = BCFW.MARGINS
     #: DCD epochs at most in the start from Independent's solution (``independent_solution``)
     start_epochs: int = MAX_EPOCHS
@@ -281,7 +281,7 @@ class StructuredLearner(L.LightningModule):
 
     @property
     def margin(self) -> str:
-        """The hinge's margin, "hamming" or "zero_one" (model.margin; RTA resolves "auto" from the training labels)."""
+        """The hinge's margin, "hamming" or "zero_one" (model.margin)."""
         return self.hparams.margin
 
     @property
