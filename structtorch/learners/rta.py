@@ -16,8 +16,8 @@ instead (``ensemble_enumerate``, meet in the middle): exact, so the duality gap 
 The default is ``margin="hamming"``: the margin rescaled by the Hamming distance (the loss-augmented max is then
 ``ensemble_map`` on Hamming-augmented potentials), the variant that reproduces the paper's microlabel losses on
 emotions and yeast here (experiments/results/rta_table1.md) and that was better than Def. 6's on every dataset and
-shape measured, 6 to 983 labels, but one where it was within a point (the measurements beside ``MANY_LABELS``;
-README, RTA). Prediction is ``ensemble_map`` with the same adaptive K.
+shape measured, 6 to 983 labels, but one where it was within a point (README, RTA). Prediction is
+``ensemble_map`` with the same adaptive K.
 
 Logged: the fraction of training (per epoch), validation and test examples whose inference Lemma 7
 certified, and the mean K used; the ensemble's edge frequencies as a picture.
@@ -58,18 +58,10 @@ MANY_LABELS = 22
 #: model.exact_labels at most: the labels whose 2^n labellings ``ensemble_enumerate`` scores
 EXACT_MAX_LABELS = MAX_ENUMERATED.bit_length() - 1
 
-# model.margin: the Hamming margin is the default at every label count. Measured by CLI runs with the defaults
-# otherwise (test subset / example F1 %, Def. 6's 0/1 margin against the Hamming margin; ``scripts/mulan_like.py``
-# shapes, 2026-12-02 unless said). Up to 22 labels the 0/1 margin fell far below it on yeast (9.3 / 52.1 against
-# 20.1 / 62.9).
-# genbase's shape (27 labels) 62.31 / 71.27 against 64.82 / 72.93 (Independent 64.32 / 72.42); medical's (45)
-# 49.92 / 58.82 against 51.32 / 60.14 (Independent 50.39 / 58.68); enron's with 3.38 labels a row (53) 59.93 / 90.31
-# against 61.66 / 91.25; bibtex's (159) 84.21 / 88.74 against 84.97 / 89.18 (Independent 85.13 / 89.14); cal500's
-# (174) 0.00 / 46.83 against 0.00 / 55.52; mediamill's (101) 51.06 / 91.41 against 56.36 / 92.43 (Independent
-# 55.45 / 92.16); corel5k's (374) 46.00 / 85.70 against 45.40 / 85.76 (Independent 46.40 / 86.18); delicious (983)
-# 0.00 / 20.49 against 0.00 / 22.15. From w = 0, before the start at Independent's solution, the Hamming hinge had
-# trained models that predict almost no label at medical's and bibtex's shapes; from that start it does not (README,
-# RTA).
+# model.margin: the Hamming margin is the default at every label count. Measured against Def. 6's 0/1 margin with the
+# defaults otherwise (README, RTA: the table of shapes from genbase's 27 labels to delicious' 983): better on both
+# scores everywhere but corel5k's shape, within a point there; from w = 0 (before the start at Independent's
+# solution) the Hamming hinge had predicted almost no label at medical's and bibtex's shapes.
 
 #: model.l2=auto is anchored at this many trees and scales as 1 / T (``RTA.auto_l2``): the ensemble scores the mean of
 #: its T trees' scores, so a score function costs T times the l2 at T times the trees (each tree must carry it). On
