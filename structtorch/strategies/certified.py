@@ -420,15 +420,21 @@ class BCFWStrategy(Certified):
         """The certificate's batches (x, y, index, oracle) of the row indices ``every`` [N], oracle None (the
         certificate's; ``certificate_rows`` a batch) until the pace since the pass began says it would end more than
         its grace past the time budget; from then on the steps' own (where they have a cheaper one, ``step_search_rows``
-        a batch; ``cheaper_search``), and OutOfTime once the pace since then says the same."""
+        a batch; ``cheaper_search``), and OutOfTime once it would end past that even at the faster of its pace since
+        then and the steps' (their search, which the steps timed: a load on the machine that slowed its first batches,
+        and has passed, does not cut a pass that the budget holds at the steps' pace; delicious lost its certificate
+        so)."""
         done, start, grace = 0, time.monotonic(), self.certificate_grace()
         oracle, since, at, N, rows = None, start, 0, len(self.x), self.learner.certificate_rows
+        step_pace = self.certificate_seconds() / N  # seconds a row (0: unknown)
         while done < N:
             i = every[done:done + rows]
             tick(done, N, "rows")
             took = time.monotonic() - since
-            rest = took / (done - at) * (N - done) if done > at else 0.0  # at the pace since ``since``
-            if done > at and out_of_time(reserve=rest - grace):
+            pace = took / (done - at) if done > at else 0.0  # since ``since``
+            if oracle is not None and step_pace > 0:
+                pace = min(pace, step_pace)
+            if done > at and out_of_time(reserve=pace * (N - done) - grace):
                 if oracle is not None or self.solver.step_oracle is self.solver.oracle:
                     raise OutOfTime(f"its pass over the training set would end more than {grace:.0f} s past "
                                     f"trainer.time_budget ({done} of {N} rows in {time.monotonic() - start:.0f} s)")
