@@ -397,8 +397,8 @@ class BCFWStrategy(Certified):
         steps (RTA on delicious: 14 rows/s against 130): once the pass's own pace says it would end past the time
         budget by more than its grace (``certificate_grace``; ``certificate_seconds``: from the steps' pace), the rest
         of its rows take the steps' search (``_rows``; a looser bound, still an upper one: ``cheaper_search`` says
-        how many rows). None, with ``unfit`` saying why, where that too would end past it: the steps then have the
-        budget left."""
+        how many rows). None, with ``unfit`` saying why, where that too would end past it even at the steps' pace
+        (``_rows``): the steps then have the budget left."""
         every, escalated = torch.arange(len(self.x), device=self.x.device), self.solver.escalated
         self.cheaper_search = None
         with phase(f"{type(self.learner).__name__} ({self.name}) certificate", quiet=True):
