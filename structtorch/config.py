@@ -139,7 +139,7 @@ class RTAConfig(ModelConfig):
     margin: str = "hamming"  # hamming (margin = Hamming distance) | zero_one (Def. 6: 1 against the worst violator)
     bias_reg: float = 1.0
     independent_start: bool = True  # BCFW starts at the dual point of Independent's solution (product distributions)
-    interaction_l2: Any = 1.0  # edge tables' x-dependent interaction's l2 weight: 1 (paper's), inf (none), auto (CV)
+    interaction_l2: Any = "auto"  # edge tables' x-dependent interaction's l2: 1 (paper's), inf (none), auto (CV)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from structtorch.data import SyntheticDataModule, random_tree
 from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy, TreeEnsembleEnergy
 from structtorch.inference import tree_sample
 from structtorch.learners import LEARNERS, M3N, FixedTree, Independent, StructuredLearner
+from structtorch.learners.rta import INTERACTION_CANDIDATES
 from structtorch.structure import random_spanning_trees
 from structtorch.structure.edge_scores import chow_liu_tree
 
@@ -396,8 +397,9 @@ def test_default_l2_scales_with_the_training_set(name, dm):
         if name == "tree_crf":
             assert model.cv_report["l2"][0] == pytest.approx(auto)
             assert model.solver_report()["l2"] == [model.cv_report["chosen_l2"]]
-        else:
-            assert model.solver_report()["l2"] == [pytest.approx(auto)]
+        else:  # RTA: times the factor of the interactions interaction_l2=auto chose
+            factor = dict(INTERACTION_CANDIDATES)[float(model.interaction_choice["chosen"])] if name == "rta" else 1
+            assert model.solver_report()["l2"] == [pytest.approx(auto * factor)]
     if name == "tree_crf":  # a training set too small for 200 / N: the cap
         assert LEARNERS[name](dm.num_features, dm.num_labels).resolve_l2(100) == [0.3]
     given = LEARNERS[name](dm.num_features, dm.num_labels, l2=0.25)

@@ -49,8 +49,8 @@ def test_ticks_are_logged_at_most_every_every_s_seconds(caplog):
                   "TreeCRF structure (180 training examples) > edge scores (dci) of 6 label pairs: started"]),
     ("crank", ["CRANK (cccp): set-up > start at Independent's solution: started", "CRANK (cccp), epoch 1: started"]),
     ("full", ["Full (lbfgs): set-up > start at Independent's solution: started", "Full (lbfgs), epoch 1: started"]),
-    ("rta", ["RTA feature map: 3-fold CV of Independent: started",
-             "RTA (bcfw): set-up > start at Independent's solution: started", "RTA (bcfw), epoch 1: started"]),
+    ("rta", ["RTA feature map: 3-fold CV of Independent: started", "RTA interaction_l2=auto: 3-fold CV of one tree: "
+             "started", "RTA interaction_l2=auto: 3-fold CV of one tree > start at Independent's solution: started"]),
 ])
 def test_the_long_phases_of_a_run_report_progress(model, first, tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(progress, "EVERY_S", 0.0)  # every tick is logged
