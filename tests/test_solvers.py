@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import cached_mulan
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from scipy.optimize import minimize
 from sklearn.svm import SVC
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -33,7 +35,7 @@ from structtorch.solvers import (
     tree_oracle,
 )
 from structtorch.solvers.active_set import pair_index, weighted_marginals
-from structtorch.solvers.smoothing import SquaredRows
+from structtorch.solvers.smoothing import SquaredRows, label_bias_shift
 from structtorch.structure import random_spanning_trees
 
 
@@ -506,6 +508,86 @@ def test_smoothed_lbfgs_certificate_on_a_tree_against_enumeration(energy_kind):
             assert float(info.dual) <= float(other) + 1e-12
 
 
+def rare_labels_problem(N: int = 200, D: int = 8, n: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [N, D], y [N, n] with labels from common (about half the rows) to rare (1 positive of 200)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N, D, generator=g, dtype=torch.float64)
+    offset = torch.tensor([0.0, 0.0, 1.0, 2.0, 3.0, 3.5])[:n].double()
+    return x, (x[:, :n] + 0.5 * torch.randn(N, n, generator=g, dtype=torch.float64) - offset > 0).long()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 2), st.integers(1, 30), st.integers(1, 5), st.floats(1e-7, 1.0), st.floats(0.01, 2.0),
+       st.floats(0.0, 0.3), st.integers(0, 2**31 - 1))
+def test_label_bias_shift_zeroes_each_labels_bias_gradient(M, N, n, curvature, eps, saturated, seed):
+    """The shift d solves c (b + d) + sum_i w_i (sigma(z_i + d / eps) - y_i) = 0 for every label, also where
+    marginals are exactly 0 or 1 (infinite logits) and where the regulariser's curvature is tiny (rare labels at
+    bias_reg 1e-4); checked against the equation in numpy."""
+    g = torch.Generator().manual_seed(seed)
+    z = 4 * torch.randn(M, N, n, generator=g, dtype=torch.float64)
+    cut = torch.rand(M, N, n, generator=g) < saturated
+    z[cut] = torch.where(torch.rand(int(cut.sum()), generator=g) < 0.5, -torch.inf, torch.inf).double()
+    y = (torch.rand(N, n, generator=g) < 0.3).long()
+    mask = torch.rand(M, N, generator=g) < 0.8
+    mask[:, 0] = True
+    weight = mask.double() / mask.sum(1, keepdim=True)
+    b = torch.randn(M, n, generator=g, dtype=torch.float64)
+    c, e = torch.full((M,), curvature, dtype=torch.float64), torch.full((M,), eps, dtype=torch.float64)
+    d = label_bias_shift(z.float(), y, weight, b, c, e).numpy()
+    s = 1 / (1 + np.exp(-(z.float().double().numpy() + d[:, None, :] / eps)))
+    residual = curvature * (b.numpy() + d) + ((s - y.numpy()) * weight.numpy()[..., None]).sum(1)
+    assert np.abs(residual).max() <= 1e-12, residual
+
+
+def test_moved_biases_zero_the_bias_gradient_of_independent_labels():
+    """On an edgeless graph the labels are independent, so the shifts, each exact for its own label, are exact
+    together: at the moved biases the smoothed objective's gradient w.r.t. the biases is zero (to the float32
+    logits' rounding), and that dual point is above the iterate's; ``moved_biases`` leaves the iterate where it was."""
+    x, y = rare_labels_problem()
+    energy = FinleyJoachimsEnergy(8, 6, Graph(6, torch.zeros(0, 2, dtype=torch.long))).double()
+    solver = SmoothedLBFGS(energy, x, y, 0.01)
+    solver.run(5)
+    _, point, _, logits = solver._gap(keep_logits=True)
+    bias = energy.unary.bias
+    before = bias.detach().clone()
+    moved = solver.moved_biases(bias, logits)
+    assert torch.equal(bias.detach(), before)
+    assert float(solver.dual_value(moved)) > float(solver.dual_value(point))
+    grad = torch.autograd.grad(solver.objective(), bias)[0]
+    shift = label_bias_shift(logits, solver.y, solver.mask / solver.count[:, None], bias[None], solver.lam * 1e-4,
+                             solver.eps)
+    with torch.no_grad():
+        bias.add_(shift[0])
+    moved_grad = torch.autograd.grad(solver.objective(), bias)[0]
+    assert float(grad.abs().max()) > 1e-3 and float(moved_grad.abs().max()) < 1e-8, (grad, moved_grad)
+
+
+def test_moved_biases_lift_the_dual_without_moving_the_iterate(monkeypatch):
+    """With rare labels and bias_reg 1e-4 the dual lags on the biases; each certificate's second dual point, at the
+    biases moved to zero their gradient, lifts it: after the same 140 iterations, certified every 20 (the same
+    iterates: that point does not move them, and the temperature follows the iterates' own gaps), the gap is several
+    times smaller (1.6e-3 against 1.4e-2 relative here), and the fit certifies in fewer iterations (320 against 440).
+    Turned off (``BIAS_MOVE_ELEMENTS`` = 0), the dual is the iterates' alone."""
+    from structtorch.solvers import smoothing
+
+    x, y = rare_labels_problem()
+    runs = []
+    for limit in (smoothing.BIAS_MOVE_ELEMENTS, 0):
+        monkeypatch.setattr(smoothing, "BIAS_MOVE_ELEMENTS", limit)
+        solver = SmoothedLBFGS(FinleyJoachimsEnergy(8, 6, Graph.chain(6)).double(), x, y, 0.01, tol=1e-4)
+        solver.certify()
+        for _ in range(7):
+            solver.run(20)
+            info = solver.certify()
+        fit = SmoothedLBFGS(FinleyJoachimsEnergy(8, 6, Graph.chain(6)).double(), x, y, 0.01, tol=1e-4)
+        runs.append((info, solver.opt.slices.flat(), bool(fit.fit(max_iter=5000).converged), fit.iterations))
+    (moved, at, certified, iterations), (alone, at_alone, certified_alone, iterations_alone) = runs
+    assert torch.equal(at, at_alone) and torch.equal(moved.primal, alone.primal)
+    assert float(alone.dual) < float(moved.dual) <= float(moved.primal)
+    assert float(moved.gap) < 0.25 * float(alone.gap), (float(moved.gap), float(alone.gap))
+    assert certified and certified_alone and iterations < 0.8 * iterations_alone, (iterations, iterations_alone)
+
+
 def test_smoothed_lbfgs_puts_back_its_best_certified_point():
     """restore_best: a model whose parameters ended worse than at an earlier certificate (here thrown far off after
     it) gets that certificate's parameters back, certified against the highest dual seen; a model whose last point
@@ -629,8 +711,14 @@ def test_an_uncertified_fit_ends_on_its_lowest_primal_against_the_best_mix_of_it
     and still below the optimum (never a negative gap)."""
     from structtorch.solvers.smoothing import SmoothedHinge
 
-    seen, original = [], SmoothedHinge.certify
-    monkeypatch.setattr(SmoothedHinge, "certify", lambda self: seen.append(original(self)) or seen[-1])
+    seen, original = [], SmoothedHinge._gap
+
+    def recorded(self, **kwargs):
+        out = original(self, **kwargs)
+        seen.append(out[0])
+        return out
+
+    monkeypatch.setattr(SmoothedHinge, "_gap", recorded)
     x, y = chain_problem(3, n=5, N=60)
     energy = LinearTableEnergy(6, 5, 3, Graph.chain(5), input_dependent_pairwise=True).double()
     info = SmoothedLBFGS(energy, x, y, 0.01, tol=1e-12).fit(max_iter=60, check_every=4)
@@ -778,7 +866,8 @@ def test_a_streamed_objective_and_certificate_equal_the_whole_batch(kind, monkey
         inner, streamed.smoothed_max = streamed.smoothed_max, RecordingMax(streamed.smoothed_max)
         ModelSlices(streamed.params, 2).value_and_grad(streamed.objective)
         streamed.certify()
-        assert max(streamed.smoothed_max.rows) == 16 and sum(streamed.smoothed_max.rows) == 2 * 70
+        # a pass for the objective, two for the certificate (the iterate's, and with the biases moved)
+        assert max(streamed.smoothed_max.rows) == 16 and sum(streamed.smoothed_max.rows) == 3 * 70
         streamed.smoothed_max = inner
     a, b = whole.fit(max_iter=3000), streamed.fit(max_iter=3000)
     assert bool(a.converged.all()) and bool(b.converged.all())

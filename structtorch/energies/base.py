@@ -28,6 +28,11 @@ class Energy(nn.Module):
         """Scalar weight per edge [E] for structure regularisers and pictures, or None."""
         return None
 
+    def label_bias(self) -> torch.Tensor | None:
+        """For binary labels: the parameter [(M,) n] whose entry l adds to state 1's unary score of label l in every
+        row (the certified L-BFGS solver moves it alone at each certificate, ``SmoothedLBFGS``), or None."""
+        return None
+
     def restrict(self, mask: torch.Tensor) -> None:
         """Keep only the edges of ``self.graph`` where ``mask`` [E] (bool) is True, with their weights.
 

@@ -112,6 +112,9 @@ class FinleyJoachimsEnergy(Energy):
     def pairwise_weights(self) -> torch.Tensor:
         return self.edge_weight
 
+    def label_bias(self) -> torch.Tensor | None:
+        return self.unary.bias
+
     def restrict(self, mask: torch.Tensor) -> None:
         """Keep the edges where ``mask`` [E] is True, with their weights."""
         self.graph, mask = self._restricted_graph(mask)

@@ -16,8 +16,12 @@ the marginal (local) polytope, hence a dual point of the structured SVM, and
 is a lower bound on the optimum for every mu (linear energies; see ``BCFW``). The certificate is
 P(w) - D(mu(w)) >= P(w) - P*; at the optimum of the smoothed problem it is at most eps/N sum_i H(mu_i),
 so eps is lowered (continuation) whenever the gap is within twice that term, until the relative gap
-is <= tol. With a fixed ``eps`` (CRFs: eps = 1, margin_scale = 0) the solver minimises
-the smoothed objective itself and certifies it against its own dual (entropy included):
+is <= tol. The dual pays each bias's gradient squared over lambda rho, so with rho small it lags the primal;
+each certificate of an energy with a ``label_bias`` also takes the dual point of the parameters with the biases
+moved, label by label, to zero their gradient (``label_bias_shift``, from the marginals), and mixes both into its
+bound (``SmoothedLBFGS.mix_dual``) without moving the iterate. With a fixed ``eps`` (CRFs: eps = 1,
+margin_scale = 0) the solver minimises the smoothed objective itself and certifies it against its own dual
+(entropy included):
 D_eps(mu) = D(mu) + eps/N sum_i H(mu_i).
 
 Loopy graphs (``LPSmoothedMax``): the max is the LP relaxation's, so the certificate is for the
@@ -61,6 +65,11 @@ ROW_CHUNK_ELEMENTS = 2**24
 #: features, 284M parameters, a pair 2.1 GiB, 13.9 GiB available) was killed by the operating system at its third
 #: iteration with 20 pairs allowed, and at the end of its fit (peak 24.4 GB on 24) with 3 (a share of 0.5)
 HISTORY_MEMORY_SHARE = 0.25
+
+#: the most elements [M, N, n] of the marginals' logits a certificate keeps to move the labels' biases
+#: (``SmoothedLBFGS.certify``; 2^24: 67 MB in float32, and ``label_bias_shift``'s float64 temporaries about 0.5 GB;
+#: delicious: 12.7M); above, it does not move them
+BIAS_MOVE_ELEMENTS = 2**24
 
 #: (Potentials [M, N], eps [M, 1]) -> differentiable smoothed max [M, N] >= max_y score(y), each model at its
 #: own temperature; its gradient w.r.t. the potentials is the marginals
@@ -202,6 +211,32 @@ class SquaredRows(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (rows,) = ctx.saved_tensors
         return rows * (2 * grad)[:, None]
+
+
+def label_bias_shift(logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                     curvature: torch.Tensor, eps: torch.Tensor, iters: int = 60) -> torch.Tensor:
+    """The shift d [M, n] of the labels' biases b [M, n] that zeroes their gradient
+
+        curvature_m (b_l + d_l) + sum_i weight_mi (sigma(z_mil + d_l / eps_m) - y_il) = 0
+
+    where z [M, N, n] are the logits of the labels' state-1 marginals at b, weight [M, N] the examples' weights
+    (mask / N_m), curvature [M] lambda rho and eps [M] the temperature. Adding d_l to label l's bias alone turns its
+    marginal into sigma(z_l + d_l / eps) exactly (the distribution is reweighted by exp(d_l y_l / eps)), so each
+    label's equation is exact; moving all biases at once, their couplings are not counted. Each root is unique (the
+    left side increases in d_l) and found by Newton steps kept within a bisection bracket (``iters`` at most)."""
+    z, y1, w = logits.double(), y.to(torch.float64), weight.double()[..., None]
+    b, c, e = bias.detach().double(), curvature.double()[:, None], eps.double()[:, None]
+    width = 2.0 / c  # |sum_i weight_mi (sigma - y)| <= 1: the root is within 1 / c of -b
+    lo, hi, d = -b - width, -b + width, torch.zeros_like(b)
+    for _ in range(iters):
+        s = torch.sigmoid(z + (d / e)[:, None, :])
+        g = c * (b + d) + ((s - y1) * w).sum(1)
+        if float(g.abs().max()) <= 1e-15:
+            break
+        lo, hi = torch.where(g < 0, d, lo), torch.where(g > 0, d, hi)
+        newton = d - g / (c + (s * (1 - s) * w).sum(1) / e)
+        d = torch.where((newton > lo) & (newton < hi), newton, 0.5 * (lo + hi))
+    return d
 
 
 def _tree_max(pot: Potentials) -> torch.Tensor:
@@ -360,28 +395,37 @@ class SmoothedHinge:
     # ------------------------------------------------------------------ certificate
     def certify(self) -> GapInfo:
         """The duality gap [M] at the current parameters (``certificate``: raises on a negative or non-finite
-        one), streamed over the chunks of examples; sets ``self.last`` and ``self.smoothing``."""
-        grads, data, dual_lin, entropy = None, 0.0, 0.0, 0.0
+        one), streamed over the chunks of examples; sets ``self.last``, ``self.dual_point`` and ``self.smoothing``."""
+        self.last, self.dual_point, self.smoothing, _ = self._gap()
+        return self.last
+
+    def _gap(self, keep_logits: bool = False) -> tuple[GapInfo, DualPoint, torch.Tensor, torch.Tensor | None]:
+        """The certificate at the current parameters: the gap [M], its dual point, the smoothing term eps/N sum_i
+        H(mu_i) [M], and with ``keep_logits`` the logits [M, N, n] (float32) of the labels' state-1 marginals (else
+        None)."""
+        grads, data, dual_lin, entropy, logits = None, 0.0, 0.0, 0.0, []
         for rows in self.chunks():
-            g, d, lin, h = self._certify_chunk(rows)
+            g, d, lin, h, z = self._certify_chunk(rows, keep_logits)
             grads = g if grads is None else [a if b is None else a.add_(b) for a, b in zip(grads, g)]
             data, dual_lin, entropy = data + d, dual_lin + lin, entropy + h
+            logits.append(z)
         with torch.no_grad():
-            self.dual_point = DualPoint(dual_lin, list(grads))
+            point = DualPoint(dual_lin, list(grads))
             primal = self.regularizer() + data
-            self.last = certificate(primal, self.dual_value(self.dual_point), self.tol, "lbfgs", primal.dtype)
-            self.smoothing = entropy
-        return self.last
+            info = certificate(primal, self.dual_value(point), self.tol, "lbfgs", primal.dtype)
+        return info, point, entropy, torch.cat(logits, 1) if keep_logits else None
 
     def dual_value(self, point: DualPoint) -> torch.Tensor:
         """D(mu) [M] of a dual point: its linear term less lambda/2 |w(mu)|_R^2 (in the point's dtype)."""
         kept = [(w, 1.0 / r) for w, r in zip(point.w, self._reg_weight) if w is not None]
         return point.linear - 0.5 * self.lam.to(point.linear) * self._squares(*zip(*kept))
 
-    def _certify_chunk(self, rows: slice) -> tuple[list[torch.Tensor | None], torch.Tensor, torch.Tensor,
-                                                   torch.Tensor]:
-        """Examples ``rows``' share of the certificate: lambda w(mu) summed over them (per parameter), and their
-        (1/N_m) sums [M] of the data term, of the dual's linear term and of eps H(mu_i)."""
+    def _certify_chunk(self, rows: slice, keep_logits: bool = False
+                       ) -> tuple[list[torch.Tensor | None], torch.Tensor, torch.Tensor, torch.Tensor,
+                                  torch.Tensor | None]:
+        """Examples ``rows``' share of the certificate: lambda w(mu) summed over them (per parameter), their
+        (1/N_m) sums [M] of the data term, of the dual's linear term and of eps H(mu_i), and with ``keep_logits``
+        the logits [M, rows, n] (float32) of the labels' state-1 marginals (else None)."""
         graph = self.energy.graph
         U, P, score = self._relative(*lift_models(self.energy(self.x[rows]), self.num_models), rows)
         Ud = U.detach().requires_grad_()
@@ -400,7 +444,8 @@ class SmoothedHinge:
             else:
                 top = value if self.exact_max is None else self.exact_max(aug)
                 data, dual_lin = top - score, (self.delta[rows] * mu_u).sum((-1, -2))
-            return list(grads), self._sum(data, rows), self._sum(dual_lin, rows), self._sum(entropy, rows)
+            logits = torch.special.logit(mu_u[..., 1].clamp(0.0, 1.0)).float() if keep_logits else None
+            return list(grads), self._sum(data, rows), self._sum(dual_lin, rows), self._sum(entropy, rows), logits
 
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
         """A parameter-shaped tensor with (or without) a leading [M] dim as [M, -1]."""
@@ -513,20 +558,45 @@ class SmoothedLBFGS(SmoothedHinge):
         """The duality gap [M] of the current parameters against the dual of the best combination of every
         certificate's dual point so far (``mix_dual``: each is a lower bound on the optimum, whatever the parameters
         are now); lowers eps (continuation) where this certificate's own gap is within twice the smoothing term.
-        Sets ``self.last`` and ``self.best``."""
-        info = super().certify()
+        Where the energy has a ``label_bias``, a second dual point comes from the parameters with the biases moved
+        to zero their gradient (``moved_biases``). Sets ``self.last`` and ``self.best``."""
+        bias = self.energy.label_bias() if self.K == 2 else None
+        keep = bias is not None and self.lam.numel() * self.y.numel() <= BIAS_MOVE_ELEMENTS
+        info, point, self.smoothing, logits = self._gap(keep_logits=keep)
+        moved = self.moved_biases(bias, logits) if keep else None
         open_ = ~info.converged.to(self.eps.device)
         if not self.fixed_eps and bool(open_.any()):
             self._lower_eps(info.gap.to(self.eps), info.primal.to(self.eps), self.smoothing, open_)
         with torch.no_grad():
-            mixed = self.mix_dual(self.dual_point).to(info.dual)
-            self.dual_point = None  # mixed in: its w (parameter-sized) is not kept
+            mixed = self.mix_dual(point).to(info.dual)
+            if moved is not None:
+                mixed = self.mix_dual(moved).to(info.dual)
             if self.best is None:
                 self.best = BestPoint(info.primal, mixed, self.opt.slices.flat())
             else:
                 self.best.update(info.primal, mixed, self.opt.slices)
+        self.dual_point = None  # mixed in: its w (parameter-sized) is not kept
         self.last = certificate(info.primal, self.best.dual, self.tol, "lbfgs", self.params[0].dtype)
         return self.last
+
+    def moved_biases(self, bias: torch.Tensor, logits: torch.Tensor) -> DualPoint:
+        """The dual point of the current parameters with the labels' biases ``bias`` [(M,) n] moved by
+        ``label_bias_shift`` from the marginals' ``logits`` [M, N, n]; the parameters are left as they were. The
+        dual pays |gradient of a bias|^2 / (2 lambda bias_reg): with bias_reg 1e-4, L-BFGS's iterates leave D far
+        below P long after the primal has settled (FixedTree on delicious: 64.7 of the dual's quadratic term on the
+        biases, 0.70 on the input weights), and these points lift it (mixed in by ``mix_dual``) without moving the
+        iterate."""
+        r = self._reg_weight[[p is bias for p in self.params].index(True)]
+        with torch.no_grad():
+            shift = label_bias_shift(logits, self.y, self.mask / self.count[:, None], self._rows(bias),
+                                     self.lam * r, self.eps)
+            kept = bias.clone()
+            bias.copy_((self._rows(bias).double() + shift).to(bias).reshape(bias.shape))
+        try:
+            return self._gap()[1]
+        finally:
+            with torch.no_grad():
+                bias.copy_(kept)
 
     def mix_dual(self, new: DualPoint) -> torch.Tensor:
         """Move ``self.mixed`` to (1 - gamma) mixed + gamma ``new``, gamma in [0, 1] per model by exact line search,
