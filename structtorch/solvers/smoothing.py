@@ -563,19 +563,21 @@ class SmoothedLBFGS(SmoothedHinge):
         bias = self.energy.label_bias() if self.K == 2 else None
         keep = bias is not None and self.lam.numel() * self.y.numel() <= BIAS_MOVE_ELEMENTS
         info, point, self.smoothing, logits = self._gap(keep_logits=keep)
-        moved = self.moved_biases(bias, logits) if keep else None
+        with torch.no_grad():
+            mixed = self.mix_dual(point).to(info.dual)
+        del point  # one parameter-sized dual point at a time; both at this temperature
+        if keep:
+            moved = self.moved_biases(bias, logits)
+            with torch.no_grad():
+                mixed = self.mix_dual(moved).to(info.dual)
         open_ = ~info.converged.to(self.eps.device)
         if not self.fixed_eps and bool(open_.any()):
             self._lower_eps(info.gap.to(self.eps), info.primal.to(self.eps), self.smoothing, open_)
         with torch.no_grad():
-            mixed = self.mix_dual(point).to(info.dual)
-            if moved is not None:
-                mixed = self.mix_dual(moved).to(info.dual)
             if self.best is None:
                 self.best = BestPoint(info.primal, mixed, self.opt.slices.flat())
             else:
                 self.best.update(info.primal, mixed, self.opt.slices)
-        self.dual_point = None  # mixed in: its w (parameter-sized) is not kept
         self.last = certificate(info.primal, self.best.dual, self.tol, "lbfgs", self.params[0].dtype)
         return self.last
 
