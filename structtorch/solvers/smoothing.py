@@ -226,7 +226,7 @@ def label_bias_shift(logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor
     left side increases in d_l) and found by Newton steps kept within a bisection bracket (``iters`` at most)."""
     z, y1, w = logits.double(), y.to(torch.float64), weight.double()[..., None]
     b, c, e = bias.detach().double(), curvature.double()[:, None], eps.double()[:, None]
-    width = 2.0 / c  # |sum_i weight_mi (sigma - y)| <= 1: the root is within 1 / c of -b
+    width = 2.0 / c  # |sum_i weight_mi (sigma - y)| <= 1: the root is within 1 / c of -b (a margin of twice that)
     lo, hi, d = -b - width, -b + width, torch.zeros_like(b)
     for _ in range(iters):
         s = torch.sigmoid(z + (d / e)[:, None, :])
@@ -316,7 +316,6 @@ class SmoothedHinge:
         self.eps = torch.full_like(self.lam, float(eps) if self.fixed_eps else float(margin_scale))  # [M]
         self.last: GapInfo | None = None
         self.smoothing: torch.Tensor | None = None  # eps/N sum_i H(mu_i) [M] at the last certificate
-        self.dual_point: DualPoint | None = None  # the last certificate's
         self.evaluated = torch.ones_like(self.lam, dtype=torch.bool)  # models whose objective is computed
 
     # ------------------------------------------------------------------ objective
@@ -395,8 +394,8 @@ class SmoothedHinge:
     # ------------------------------------------------------------------ certificate
     def certify(self) -> GapInfo:
         """The duality gap [M] at the current parameters (``certificate``: raises on a negative or non-finite
-        one), streamed over the chunks of examples; sets ``self.last``, ``self.dual_point`` and ``self.smoothing``."""
-        self.last, self.dual_point, self.smoothing, _ = self._gap()
+        one), streamed over the chunks of examples; sets ``self.last`` and ``self.smoothing``."""
+        self.last, _, self.smoothing, _ = self._gap()
         return self.last
 
     def _gap(self, keep_logits: bool = False) -> tuple[GapInfo, DualPoint, torch.Tensor, torch.Tensor | None]:
