@@ -408,12 +408,13 @@ class SmoothedHinge:
             g, d, lin, h, z = self._certify_chunk(rows, keep_logits)
             grads = g if grads is None else [a if b is None else a.add_(b) for a, b in zip(grads, g)]
             data, dual_lin, entropy = data + d, dual_lin + lin, entropy + h
-            logits.append(z)
+            if keep_logits:
+                logits.append(z)
         with torch.no_grad():
             point = DualPoint(dual_lin, list(grads))
             primal = self.regularizer() + data
             info = certificate(primal, self.dual_value(point), self.tol, "lbfgs", primal.dtype)
-        return info, point, entropy, torch.cat(logits, 1) if keep_logits else None
+        return info, point, entropy, torch.cat(logits, 1) if logits else None
 
     def dual_value(self, point: DualPoint) -> torch.Tensor:
         """D(mu) [M] of a dual point: its linear term less lambda/2 |w(mu)|_R^2 (in the point's dtype)."""
@@ -588,12 +589,11 @@ class SmoothedLBFGS(SmoothedHinge):
         below P long after the primal has settled (FixedTree on delicious: 64.7 of the dual's quadratic term on the
         biases, 0.70 on the input weights), and these points lift it (mixed in by ``mix_dual``) without moving the
         iterate."""
-        r = self._reg_weight[[p is bias for p in self.params].index(True)]
+        r = next(w for p, w in zip(self.params, self._reg_weight) if p is bias)
         with torch.no_grad():
-            shift = label_bias_shift(logits, self.y, self.mask / self.count[:, None], self._rows(bias),
-                                     self.lam * r, self.eps)
-            kept = bias.clone()
-            bias.copy_((self._rows(bias).double() + shift).to(bias).reshape(bias.shape))
+            kept, b = bias.clone(), self._rows(bias)
+            shift = label_bias_shift(logits, self.y, self.mask / self.count[:, None], b, self.lam * r, self.eps)
+            bias.copy_((b.double() + shift).to(bias).reshape(bias.shape))
         try:
             return self._gap()[1]
         finally:
