@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from structtorch.data import Standardizer
-from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy, TreeEnsembleEnergy
+from structtorch.energies import Energy, FinleyJoachimsEnergy, LinearTableEnergy, LocalLinearEnergy, TreeEnsembleEnergy
 from structtorch.graph import Graph
 from structtorch.inference import lp_map, smoothed_lp
 from structtorch.losses import crf_nll, hamming_augment
@@ -540,26 +540,41 @@ def test_label_bias_shift_zeroes_each_labels_bias_gradient(M, N, n, curvature, e
     assert np.abs(residual).max() <= 1e-12, residual
 
 
-def test_moved_biases_zero_the_bias_gradient_of_independent_labels():
+def _edgeless(kind: str) -> tuple[Energy, dict]:
+    """An energy of 6 binary labels on 8 features without edges, and the solver's loss: Finley-Joachims' state-1
+    biases or a table energy's both-state biases under the hinge, a tree CRF's (eps = 1) under the likelihood."""
+    none = Graph(6, torch.zeros(0, 2, dtype=torch.long))
+    if kind == "finley_joachims":
+        return FinleyJoachimsEnergy(8, 6, none).double(), {}
+    if kind == "table":
+        return LinearTableEnergy(8, 6, graph=none).double(), {}
+    return LocalLinearEnergy(8, 6, num_inputs=2, graph=none).double(), {"margin_scale": 0.0, "eps": 1.0}
+
+
+@pytest.mark.parametrize("kind", ["finley_joachims", "table", "crf"])
+def test_moved_biases_zero_the_bias_gradient_of_independent_labels(kind, monkeypatch):
     """On an edgeless graph the labels are independent, so the shifts, each exact for its own label, are exact
     together: at the moved biases the smoothed objective's gradient w.r.t. the biases is zero (to the float32
-    logits' rounding), and that dual point is above the iterate's; ``moved_biases`` leaves the iterate where it was."""
+    logits' rounding; for both states' biases also along their sum, the pair the l2-least), and that dual point is
+    above the iterate's; ``moved_biases`` leaves the iterate where it was."""
     x, y = rare_labels_problem()
-    energy = FinleyJoachimsEnergy(8, 6, Graph(6, torch.zeros(0, 2, dtype=torch.long))).double()
-    solver = SmoothedLBFGS(energy, x, y, 0.01)
+    energy, loss = _edgeless(kind)
+    solver = SmoothedLBFGS(energy, x, y, 0.01, **loss)
     solver.run(5)
     _, point, _, logits = solver._gap(keep_logits=True)
-    bias = energy.unary.bias
-    before = bias.detach().clone()
+    bias = energy.label_bias()
+    before, grads, gap = bias.detach().clone(), [], solver._gap
+    grads.append(torch.autograd.grad(solver.objective(), bias)[0])
+
+    def spy(*args, **kwargs):  # moved_biases evaluates its point here, at the moved biases
+        grads.append(torch.autograd.grad(solver.objective(), bias)[0])
+        return gap(*args, **kwargs)
+
+    monkeypatch.setattr(solver, "_gap", spy)
     moved = solver.moved_biases(bias, logits)
     assert torch.equal(bias.detach(), before)
     assert float(solver.dual_value(moved)) > float(solver.dual_value(point))
-    grad = torch.autograd.grad(solver.objective(), bias)[0]
-    shift = label_bias_shift(logits, solver.y, solver.mask / solver.count[:, None], bias[None], solver.lam * 1e-4,
-                             solver.eps)
-    with torch.no_grad():
-        bias.add_(shift[0])
-    moved_grad = torch.autograd.grad(solver.objective(), bias)[0]
+    grad, moved_grad = grads
     assert float(grad.abs().max()) > 1e-3 and float(moved_grad.abs().max()) < 1e-8, (grad, moved_grad)
 
 
@@ -587,6 +602,28 @@ def test_moved_biases_lift_the_dual_without_moving_the_iterate(monkeypatch):
     assert float(alone.dual) < float(moved.dual) <= float(moved.primal)
     assert float(moved.gap) < 0.25 * float(alone.gap), (float(moved.gap), float(alone.gap))
     assert certified and certified_alone and iterations < 0.8 * iterations_alone, (iterations, iterations_alone)
+
+
+def test_moved_biases_lift_a_tree_crfs_dual(monkeypatch):
+    """A tree CRF (eps = 1) with both states' label biases at bias_reg 1e-4: the moved point lifts the dual of the
+    same iterates at every certificate (relative gap after 20 iterations 3.1 against 12.5 without it, after 140
+    1.1e-6 against 4.5e-6)."""
+    from structtorch.solvers import smoothing
+
+    x, y = rare_labels_problem()
+    gaps = []
+    for limit in (smoothing.BIAS_MOVE_ELEMENTS, 0):
+        monkeypatch.setattr(smoothing, "BIAS_MOVE_ELEMENTS", limit)
+        energy = LocalLinearEnergy(8, 6, num_inputs=2, graph=Graph.chain(6)).double()
+        solver = SmoothedLBFGS(energy, x, y, 0.01, margin_scale=0.0, eps=1.0, tol=1e-4)
+        solver.certify()
+        gaps.append([])
+        for _ in range(7):
+            solver.run(20)
+            gaps[-1].append(float(solver.certify().relative_gap))
+    moved, alone = torch.tensor(gaps)
+    assert bool((moved < alone).all()), gaps
+    assert moved[0] < 0.35 * alone[0] and moved[-1] < 0.35 * alone[-1], gaps
 
 
 def test_smoothed_lbfgs_puts_back_its_best_certified_point():

@@ -11,6 +11,8 @@ The mapping is data-dependent (e.g. chosen by l1 regression), so it lives in buf
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -72,6 +74,9 @@ class LocalLinearEnergy(Energy):
         pairs = pair_inputs(inputs, self.graph.edges)
         self.pair_inputs.copy_(pad_subsets(pairs, self.num_features, 2 * k))
 
+    def label_bias(self) -> torch.Tensor | None:
+        return self.unary_bias if self.num_states == 2 else None
+
     def forward(self, x: torch.Tensor) -> Potentials:
         M = self.num_models
         xt = torch.cat([x.T, x.new_zeros(1, x.shape[0])])  # [D + 1, B]: column -1 reads zeros
@@ -101,7 +106,9 @@ def _local_linear(xt: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor, 
     (R, P), B = inputs.shape, xt.shape[1]
     w = weight[None] if num_models is None else weight  # [M, R, P, *T]
     cols = xt.index_select(0, inputs.flatten().remainder(len(xt))).view(R, P, B)
-    out = torch.bmm(cols.transpose(1, 2), w.movedim(0, 2).reshape(R, P, -1)).view(R, B, w.shape[0], *w.shape[3:])
+    per_model = w.shape[0] * math.prod(w.shape[3:])  # M prod(T): what reshape(R, P, -1) cannot infer when R = 0
+    out = torch.bmm(cols.transpose(1, 2), w.movedim(0, 2).reshape(R, P, per_model)).view(R, B, w.shape[0],
+                                                                                            *w.shape[3:])
     out = out.permute(2, 1, 0, *range(3, out.dim()))  # [M, B, R, *T]
     return out[0] if num_models is None else out
 
