@@ -232,11 +232,13 @@ def label_bias_shift(logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor
     for _ in range(iters):
         s = torch.sigmoid(z + (d / e)[:, None, :])
         g = c * (b + d) + ((s - y1) * w).sum(1)
-        if float(g.abs().max()) <= 1e-15:
+        done = g.abs() <= 1e-15
+        if bool(done.all()):
             break
         lo, hi = torch.where(g < 0, d, lo), torch.where(g > 0, d, hi)
         newton = d - g / (c + (s * (1 - s) * w).sum(1) / e)
-        d = torch.where((newton > lo) & (newton < hi), newton, 0.5 * (lo + hi))
+        # closed bracket: a step below d's rounding lands on d = lo or hi, which must not send a root to bisection
+        d = torch.where(done, d, torch.where((newton >= lo) & (newton <= hi), newton, 0.5 * (lo + hi)))
     return d
 
 
