@@ -520,6 +520,7 @@ def rare_labels_problem(N: int = 200, D: int = 8, n: int = 6) -> tuple[torch.Ten
 @given(st.integers(1, 2), st.integers(1, 30), st.integers(1, 5), st.floats(1e-7, 1.0), st.floats(0.01, 2.0),
        st.floats(0.0, 0.3), st.integers(0, 2**31 - 1))
 @example(1, 29, 3, 1e-7, 0.5, 0.1875, 82022843)  # 60 steps left a residual of 5.9e-11 (bisection over 4e7)
+@example(1, 1, 2, 0.0625, 1.0, 0.0, 0)  # saturated: Newton from either end lands on the other (a closed bracket cycled)
 def test_label_bias_shift_zeroes_each_labels_bias_gradient(M, N, n, curvature, eps, saturated, seed):
     """The shift d solves c (b + d) + sum_i w_i (sigma(z_i + d / eps) - y_i) = 0 for every label, also where
     marginals are exactly 0 or 1 (infinite logits) and where the regulariser's curvature is tiny (rare labels at
@@ -622,9 +623,10 @@ def test_moved_biases_lift_the_dual_without_moving_the_iterate(monkeypatch):
 
 
 def test_moved_biases_lift_a_tree_crfs_dual(monkeypatch):
-    """A tree CRF (eps = 1) with both states' label biases at bias_reg 1e-4: the moved point lifts the dual of the
-    same iterates at every certificate (relative gap after 20 iterations 3.1 against 12.5 without it, after 140
-    1.1e-6 against 4.5e-6)."""
+    """A tree CRF (eps = 1) with both states' label biases at bias_reg 1e-4: the same iterates, certified every 20
+    iterations, with and without the moved point. Far from the certificate (gaps 12.5, 0.21, 2.3e-3 at tol 1e-4) it
+    is skipped (``BIAS_MOVE_REACH``); from there on it lifts the dual: after 100 iterations the relative gap is 4.8e-4
+    against 1.6e-3 without it, after 140 1.1e-6 against 4.5e-6."""
     from structtorch.solvers import smoothing
 
     x, y = rare_labels_problem()
@@ -639,8 +641,8 @@ def test_moved_biases_lift_a_tree_crfs_dual(monkeypatch):
             solver.run(20)
             gaps[-1].append(float(solver.certify().relative_gap))
     moved, alone = torch.tensor(gaps)
-    assert bool((moved < alone).all()), gaps
-    assert moved[0] < 0.35 * alone[0] and moved[-1] < 0.35 * alone[-1], gaps
+    assert torch.equal(moved[:3], alone[:3]) and bool((moved[3:] < alone[3:]).all()), gaps
+    assert moved[4] < 0.35 * alone[4] and moved[-1] < 0.35 * alone[-1], gaps
 
 
 def test_smoothed_lbfgs_puts_back_its_best_certified_point():
@@ -926,9 +928,11 @@ def test_a_streamed_objective_and_certificate_equal_the_whole_batch(kind, monkey
     if kind != "lp":  # (the smoothed LP's own chunks: its test below)
         inner, streamed.smoothed_max = streamed.smoothed_max, RecordingMax(streamed.smoothed_max)
         ModelSlices(streamed.params, 2).value_and_grad(streamed.objective)
-        streamed.certify()
-        # a pass for the objective, two for the certificate (the iterate's, and with the biases moved)
-        assert max(streamed.smoothed_max.rows) == 16 and sum(streamed.smoothed_max.rows) == 3 * 70
+        streamed.certify()  # far from the optimum: the moved biases could not certify, and their pass is skipped
+        assert max(streamed.smoothed_max.rows) == 16 and sum(streamed.smoothed_max.rows) == 2 * 70
+        monkeypatch.setattr(smoothing, "BIAS_MOVE_REACH", float("inf"))
+        streamed.certify()  # two passes: the iterate's, and with the biases moved
+        assert max(streamed.smoothed_max.rows) == 16 and sum(streamed.smoothed_max.rows) == 4 * 70
         streamed.smoothed_max = inner
     a, b = whole.fit(max_iter=3000), streamed.fit(max_iter=3000)
     assert bool(a.converged.all()) and bool(b.converged.all())
