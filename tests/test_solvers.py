@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from structtorch.data import Standardizer
-from structtorch.energies import Energy, FinleyJoachimsEnergy, LinearTableEnergy, LocalLinearEnergy, TreeEnsembleEnergy
+from structtorch.energies import FinleyJoachimsEnergy, LinearTableEnergy, LocalLinearEnergy, TreeEnsembleEnergy
 from structtorch.graph import Graph
 from structtorch.inference import lp_map, smoothed_lp
 from structtorch.losses import crf_nll, hamming_augment
@@ -558,26 +558,14 @@ def test_label_bias_shift_converges_in_few_newton_steps():
     assert float(residual.abs().max()) <= 1e-12, residual
 
 
-def _edgeless(kind: str) -> tuple[Energy, dict]:
-    """An energy of 6 binary labels on 8 features without edges, and the solver's loss: Finley-Joachims' state-1
-    biases or a table energy's both-state biases under the hinge, a tree CRF's (eps = 1) under the likelihood."""
-    none = Graph(6, torch.zeros(0, 2, dtype=torch.long))
-    if kind == "finley_joachims":
-        return FinleyJoachimsEnergy(8, 6, none).double(), {}
-    if kind == "table":
-        return LinearTableEnergy(8, 6, graph=none).double(), {}
-    return LocalLinearEnergy(8, 6, num_inputs=2, graph=none).double(), {"margin_scale": 0.0, "eps": 1.0}
-
-
-@pytest.mark.parametrize("kind", ["finley_joachims", "table", "crf"])
-def test_moved_biases_zero_the_bias_gradient_of_independent_labels(kind, monkeypatch):
+def test_moved_biases_zero_the_bias_gradient_of_independent_labels(monkeypatch):
     """On an edgeless graph the labels are independent, so the shifts, each exact for its own label, are exact
     together: at the moved biases the smoothed objective's gradient w.r.t. the biases is zero (to the float32
-    logits' rounding; for both states' biases also along their sum, the pair the l2-least), and that dual point is
-    above the iterate's; ``moved_biases`` leaves the iterate where it was."""
+    logits' rounding), and that dual point is above the iterate's; ``moved_biases`` leaves the iterate where it
+    was."""
     x, y = rare_labels_problem()
-    energy, loss = _edgeless(kind)
-    solver = SmoothedLBFGS(energy, x, y, 0.01, **loss)
+    energy = FinleyJoachimsEnergy(8, 6, Graph(6, torch.zeros(0, 2, dtype=torch.long))).double()
+    solver = SmoothedLBFGS(energy, x, y, 0.01)
     solver.run(5)
     _, point, _, logits = solver._gap(keep_logits=True)
     bias = energy.label_bias()
@@ -622,27 +610,14 @@ def test_moved_biases_lift_the_dual_without_moving_the_iterate(monkeypatch):
     assert certified and certified_alone and iterations < 0.8 * iterations_alone, (iterations, iterations_alone)
 
 
-def test_moved_biases_lift_a_tree_crfs_dual(monkeypatch):
-    """A tree CRF (eps = 1) with both states' label biases at bias_reg 1e-4: the same iterates, certified every 20
-    iterations, with and without the moved point. Far from the certificate (gaps 12.5, 0.21, 2.3e-3 at tol 1e-4) it
-    is skipped (``BIAS_MOVE_REACH``); from there on it lifts the dual: after 100 iterations the relative gap is 4.8e-4
-    against 1.6e-3 without it, after 140 1.1e-6 against 4.5e-6."""
-    from structtorch.solvers import smoothing
-
+def test_a_tree_crf_without_edges_is_certified():
+    """``LocalLinearEnergy`` on an edgeless graph (a forest of single labels: independent logistic regressions) has
+    empty pairwise tables, and its CRF fit certifies (the batched matmul over no edges had failed to infer its
+    width)."""
     x, y = rare_labels_problem()
-    gaps = []
-    for limit in (smoothing.BIAS_MOVE_ELEMENTS, 0):
-        monkeypatch.setattr(smoothing, "BIAS_MOVE_ELEMENTS", limit)
-        energy = LocalLinearEnergy(8, 6, num_inputs=2, graph=Graph.chain(6)).double()
-        solver = SmoothedLBFGS(energy, x, y, 0.01, margin_scale=0.0, eps=1.0, tol=1e-4)
-        solver.certify()
-        gaps.append([])
-        for _ in range(7):
-            solver.run(20)
-            gaps[-1].append(float(solver.certify().relative_gap))
-    moved, alone = torch.tensor(gaps)
-    assert torch.equal(moved[:3], alone[:3]) and bool((moved[3:] < alone[3:]).all()), gaps
-    assert moved[4] < 0.35 * alone[4] and moved[-1] < 0.35 * alone[-1], gaps
+    energy = LocalLinearEnergy(8, 6, num_inputs=2, graph=Graph(6, torch.zeros(0, 2, dtype=torch.long))).double()
+    assert energy(x).pairwise.shape == (200, 0, 2, 2)
+    assert bool(SmoothedLBFGS(energy, x, y, 0.01, margin_scale=0.0, eps=1.0).fit().converged)
 
 
 def test_smoothed_lbfgs_puts_back_its_best_certified_point():

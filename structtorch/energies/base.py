@@ -30,8 +30,8 @@ class Energy(nn.Module):
 
     def label_bias(self) -> torch.Tensor | None:
         """For binary labels: the parameter [(M,) n] whose entry l adds to state 1's unary score of label l in every
-        row, or [(M,) n, 2] (any shape whose rows are n pairs) whose entries add to states 0 and 1 of label l (the
-        certified L-BFGS solver moves it alone at each certificate, ``SmoothedLBFGS.moved_biases``), or None."""
+        row (the certified L-BFGS solver moves it alone at each certificate, ``SmoothedLBFGS.moved_biases``), or
+        None."""
         return None
 
     def restrict(self, mask: torch.Tensor) -> None:

@@ -190,9 +190,6 @@ class LinearTableEnergy(Energy):
             pair = self.table if self.num_models is None else self.table.unsqueeze(1)
         return Potentials(unary, pair * self.pairwise_scale if self.pairwise_scale != 1.0 else pair, self.graph)
 
-    def label_bias(self) -> torch.Tensor | None:
-        return self.unary.bias if self.num_states == 2 else None  # [(M,) n K]: label l's states at 2l, 2l + 1
-
     def restrict(self, mask: torch.Tensor) -> None:
         """Keep the edges where ``mask`` [E] is True, with their tables (or their input-dependent rows)."""
         self.graph, mask = self._restricted_graph(mask)

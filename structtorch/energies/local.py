@@ -74,9 +74,6 @@ class LocalLinearEnergy(Energy):
         pairs = pair_inputs(inputs, self.graph.edges)
         self.pair_inputs.copy_(pad_subsets(pairs, self.num_features, 2 * k))
 
-    def label_bias(self) -> torch.Tensor | None:
-        return self.unary_bias if self.num_states == 2 else None
-
     def forward(self, x: torch.Tensor) -> Potentials:
         M = self.num_models
         xt = torch.cat([x.T, x.new_zeros(1, x.shape[0])])  # [D + 1, B]: column -1 reads zeros

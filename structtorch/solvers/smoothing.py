@@ -73,8 +73,8 @@ BIAS_MOVE_ELEMENTS = 2**24
 
 #: a certificate takes the moved biases' dual point (a pass over the data) only where its gap less the biases' share
 #: of its dual's quadratic term is within this many times the tolerance: where the point could certify. Taken at every
-#: certificate, its pass cost TreeCRF on delicious (983 labels; never near its certificate in the budget, relative
-#: gaps 26-380) 40% of its final fit's iterations and 0.1-0.2 subset points
+#: certificate, its pass is spent where the gap is far from the tolerance for other reasons (a budget-bound fit's
+#: iterations)
 BIAS_MOVE_REACH = 10.0
 
 #: (Potentials [M, N], eps [M, 1]) -> differentiable smoothed max [M, N] >= max_y score(y), each model at its
@@ -598,22 +598,16 @@ class SmoothedLBFGS(SmoothedHinge):
 
     def moved_biases(self, bias: torch.Tensor, logits: torch.Tensor) -> DualPoint:
         """The dual point of the current parameters with the labels' biases ``bias`` [(M,) n] moved by
-        ``label_bias_shift`` from the marginals' ``logits`` [M, N, n] (both states' biases [(M,) n, 2]: to the l2-least
-        pair of the moved logit's bias, which also zeroes the gradient of their sum); the parameters are left as they
-        were. The dual pays |gradient of a bias|^2 / (2 lambda bias_reg): with bias_reg 1e-4, L-BFGS's iterates leave
-        D far below P long after the primal has settled (FixedTree on delicious: 64.7 of the dual's quadratic term on
-        the biases, 0.70 on the input weights), and these points lift it (mixed in by ``mix_dual``) without moving
-        the iterate."""
+        ``label_bias_shift`` from the marginals' ``logits`` [M, N, n]; the parameters are left as they were. The
+        dual pays |gradient of a bias|^2 / (2 lambda bias_reg): with bias_reg 1e-4, L-BFGS's iterates leave D far
+        below P long after the primal has settled (FixedTree on delicious: 64.7 of the dual's quadratic term on the
+        biases, 0.70 on the input weights), and these points lift it (mixed in by ``mix_dual``) without moving the
+        iterate."""
         r = next(w for p, w in zip(self.params, self._reg_weight) if p is bias)
         with torch.no_grad():
-            kept, b = bias.clone(), self._rows(bias).double()
-            states = b.shape[1] // self.y.shape[1]  # 1: state 1's biases; 2: both states' (label l at 2l, 2l + 1)
-            if states == 2:  # the logit's bias v = b_l1 - b_l0, carried at least l2 by (-v / 2, v / 2): |.|^2 = v^2 / 2
-                b = b[:, 1::2] - b[:, 0::2]
-            shift = label_bias_shift(logits, self.y, self.mask / self.count[:, None], b, self.lam * r / states,
-                                     self.eps)
-            moved = b + shift if states == 1 else torch.stack([-(b + shift) / 2, (b + shift) / 2], -1)
-            bias.copy_(moved.to(bias).reshape(bias.shape))
+            kept, b = bias.clone(), self._rows(bias)
+            shift = label_bias_shift(logits, self.y, self.mask / self.count[:, None], b, self.lam * r, self.eps)
+            bias.copy_((b.double() + shift).to(bias).reshape(bias.shape))
         try:
             return self._gap()[1]
         finally:
