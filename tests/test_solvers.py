@@ -543,8 +543,8 @@ def test_label_bias_shift_zeroes_each_labels_bias_gradient(M, N, n, curvature, e
 
 def test_label_bias_shift_converges_in_few_newton_steps():
     """Rare labels at curvature 1e-6: Newton's quadratic convergence ends within 10 steps (residual 5e-16). A root
-    reached to within d's rounding must stay: before the bracket was closed, such steps landed on the bracket's end
-    and were sent to bisection, so that 10 steps left a residual of 0.27, 40 steps 4e-6 (a certificate on
+    reached to within d's rounding must stay: before it did, its step landed on the bracket's end (outside the open
+    bracket) and went to bisection, so that 10 steps left a residual of 0.27, 40 steps 4e-6 (a certificate on
     delicious' CV rows then spent 75 steps, 17 s, in it)."""
     g = torch.Generator().manual_seed(0)
     z = (-4 + 2 * torch.randn(2, 300, 40, generator=g)).float()

@@ -72,9 +72,9 @@ HISTORY_MEMORY_SHARE = 0.25
 BIAS_MOVE_ELEMENTS = 2**24
 
 #: a certificate takes the moved biases' dual point (a pass over the data) only where its gap less the biases' share
-#: of its dual's quadratic term is within this many times the tolerance: where the point could certify. Taken at every
-#: certificate, its pass is spent where the gap is far from the tolerance for other reasons (a budget-bound fit's
-#: iterations)
+#: of its dual's quadratic term is within this many times the tolerance: where the point could certify (elsewhere its
+#: pass would take a budget-bound fit's time for a gap that stays far from the tolerance). FixedTree on delicious ended
+#: its budget at a relative gap of 0.22 with it, 0.29 with the point at every certificate
 BIAS_MOVE_REACH = 10.0
 
 #: (Potentials [M, N], eps [M, 1]) -> differentiable smoothed max [M, N] >= max_y score(y), each model at its
