@@ -11,8 +11,6 @@ The mapping is data-dependent (e.g. chosen by l1 regression), so it lives in buf
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
@@ -103,9 +101,8 @@ def _local_linear(xt: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor, 
     (R, P), B = inputs.shape, xt.shape[1]
     w = weight[None] if num_models is None else weight  # [M, R, P, *T]
     cols = xt.index_select(0, inputs.flatten().remainder(len(xt))).view(R, P, B)
-    per_model = w.shape[0] * math.prod(w.shape[3:])  # M prod(T): what reshape(R, P, -1) cannot infer when R = 0
-    out = torch.bmm(cols.transpose(1, 2), w.movedim(0, 2).reshape(R, P, per_model)).view(R, B, w.shape[0],
-                                                                                            *w.shape[3:])
+    # flatten, not reshape(R, P, -1): with no edges (R = 0) the -1 cannot be inferred
+    out = torch.bmm(cols.transpose(1, 2), w.movedim(0, 2).flatten(2)).view(R, B, w.shape[0], *w.shape[3:])
     out = out.permute(2, 1, 0, *range(3, out.dim()))  # [M, B, R, *T]
     return out[0] if num_models is None else out
 

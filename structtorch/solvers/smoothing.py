@@ -576,7 +576,7 @@ class SmoothedLBFGS(SmoothedHinge):
         with torch.no_grad():
             mixed = self.mix_dual(point).to(info.dual)
             if keep:  # moving the biases lifts D by about their share of it: take that pass where it could certify
-                k = next(i for i, p in enumerate(self.params) if p is bias)
+                k = self._index(bias)
                 share = 0.5 * self.lam * self._squares([point.w[k]], [1.0 / self._reg_weight[k]])
                 reach = info.primal - mixed - share.to(mixed) <= BIAS_MOVE_REACH * self.tol * info.primal.abs()
                 keep = bool(reach.any())
@@ -603,7 +603,7 @@ class SmoothedLBFGS(SmoothedHinge):
         below P long after the primal has settled (FixedTree on delicious: 64.7 of the dual's quadratic term on the
         biases, 0.70 on the input weights), and these points lift it (mixed in by ``mix_dual``) without moving the
         iterate."""
-        r = next(w for p, w in zip(self.params, self._reg_weight) if p is bias)
+        r = self._reg_weight[self._index(bias)]
         with torch.no_grad():
             kept, b = bias.clone(), self._rows(bias)
             shift = label_bias_shift(logits, self.y, self.mask / self.count[:, None], b, self.lam * r, self.eps)
@@ -613,6 +613,10 @@ class SmoothedLBFGS(SmoothedHinge):
         finally:
             with torch.no_grad():
                 bias.copy_(kept)
+
+    def _index(self, param: torch.Tensor) -> int:
+        """The position of ``param`` in ``self.params`` (by identity)."""
+        return next(i for i, p in enumerate(self.params) if p is param)
 
     def mix_dual(self, new: DualPoint) -> torch.Tensor:
         """Move ``self.mixed`` to (1 - gamma) mixed + gamma ``new``, gamma in [0, 1] per model by exact line search,
