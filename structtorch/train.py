@@ -40,6 +40,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 
+from .allocator import reuse_large_blocks
 from .config import describe_config_error, register_configs
 from .data import (
     DenoisingDataModule,
@@ -228,7 +229,9 @@ def _trainer_error(accelerator: str, err: MisconfigurationException) -> str:
 def run(cfg: DictConfig, out_dir: str | Path, record: bool = False) -> dict[str, Any]:
     """Train + test as configured; returns the metrics also written to ``out_dir/metrics.json``. The inference
     backend (``fused``) holds for this run only. ``record``: add the run to the run index that ``ckpt_path=last``
-    searches (``structtorch.runs``; the CLI does for single runs)."""
+    searches (``structtorch.runs``; the CLI does for single runs). Large blocks of memory are reused from here on
+    (``allocator.reuse_large_blocks``)."""
+    reuse_large_blocks()
     with backend(run_backend(cfg)), thread_policy(cfg.trainer.num_threads):
         return _run(cfg, Path(out_dir), record)
 

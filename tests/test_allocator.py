@@ -1,0 +1,57 @@
+"""allocator.reuse_large_blocks: freed large blocks stay in glibc's heap for the next tensor (in a subprocess, so
+the test process keeps glibc's defaults)."""
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import pytest
+
+from structtorch import allocator
+
+PROBE = """
+import ctypes, sys, torch
+from structtorch.allocator import reuse_large_blocks
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                                               "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+print(reuse_large_blocks() if sys.argv[1] == "on" else None)
+block = torch.ones(64 << 20, dtype=torch.uint8)
+del block
+print(libc.mallinfo2().fordblks >= 64 << 20)  # the 64 MiB are free bytes of the heap, not unmapped
+"""
+
+
+def _probe(mode: str, **env: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True,
+                         env={**os.environ, **env})
+    return out.stdout.split()
+
+
+def _has_mallinfo2() -> bool:
+    try:
+        return hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_mallinfo2(), reason="needs glibc >= 2.33 (mallinfo2)")
+def test_freed_large_blocks_stay_in_the_heap():
+    assert _probe("off") == ["None", "False"]  # glibc's default: a 64 MiB block is mapped and unmapped
+    assert _probe("on") == ["True", "True"]
+
+
+@pytest.mark.skipif(not _has_mallinfo2(), reason="needs glibc >= 2.33 (mallinfo2)")
+def test_the_users_malloc_variables_stand():
+    assert _probe("on", MALLOC_MMAP_MAX_="65536") == ["False", "False"]
+
+
+def test_reuse_is_set_once_per_process(monkeypatch):
+    calls = []
+    monkeypatch.setattr(allocator, "_DONE", {})
+    monkeypatch.setattr(allocator, "_mallopt", lambda: calls.append(1) or True)
+    assert allocator.reuse_large_blocks() and allocator.reuse_large_blocks()
+    assert calls == [1]
