@@ -2,17 +2,19 @@
 
 glibc serves every block above its mmap threshold (32 MiB at most) with a fresh ``mmap`` and unmaps it on free, so
 each large temporary tensor pays the kernel's page faults and page zeroing again: writing a new 134 MB tensor (one
-chunk's [4266, 982, 2, 2] pairwise tables at delicious's shape) took 51 ms, 28 ms from reused heap memory, and an
-L-BFGS step of FixedTree on delicious 1.45 s against 1.05 s (``trainer.time_budget=150``: 83 against 128 steps;
-peak memory 1.9 against 2.4 GB: freed blocks stay resident for the next step). ``reuse_large_blocks`` serves large
-blocks from the heap (``M_MMAP_MAX`` 0) and keeps what is freed (``M_TRIM_THRESHOLD``), as ``MALLOC_MMAP_MAX_=0
-MALLOC_TRIM_THRESHOLD_=...`` would at start-up; where either variable is set, the user's choice stands.
+chunk's [4266, 982, 2, 2] pairwise tables at delicious's shape) took 51 ms, 14-28 ms from reused heap memory.
+``scripts/bench_allocator.py`` (FixedTree's objective at delicious's shape): an objective + gradient 1.76x and ten
+L-BFGS steps 1.54x faster, peak memory 14% higher, since freed blocks stay resident for the next step (on
+delicious's matrix rows 12-68% higher). ``reuse_large_blocks`` serves large blocks from the heap (``M_MMAP_MAX`` 0)
+and keeps what is freed (``M_TRIM_THRESHOLD``), as ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=...`` would at
+start-up; where either variable is set, the user's choice stands.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import sys
@@ -22,24 +24,17 @@ __all__ = ["reuse_large_blocks"]
 log = logging.getLogger("structtorch.allocator")
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt's parameters (malloc.h)
 TRIM_THRESHOLD = 2**31 - 1  #: bytes free at the heap's top before glibc returns them (mallopt takes a C int)
-_DONE: dict[str, bool] = {}
 
 
+@functools.cache
 def reuse_large_blocks() -> bool:
     """Set glibc's mallopt so that large blocks come from, and return to, the heap (once per process); True where
-    it is set now or was before, False on other C libraries or where ``MALLOC_MMAP_MAX_`` or
-    ``MALLOC_TRIM_THRESHOLD_`` is in the environment."""
-    if "set" not in _DONE:
-        _DONE["set"] = _mallopt()
-    return _DONE["set"]
-
-
-def _mallopt() -> bool:
+    it is set, False on other C libraries or where ``MALLOC_MMAP_MAX_`` or ``MALLOC_TRIM_THRESHOLD_`` is in the
+    environment."""
     if not sys.platform.startswith("linux") or {"MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"} & set(os.environ):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError):  # musl and others have no mallopt
         return False
     ok = mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1

@@ -49,9 +49,21 @@ def test_the_users_malloc_variables_stand():
     assert _probe("on", MALLOC_MMAP_MAX_="65536") == ["False", "False"]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux's")
 def test_reuse_is_set_once_per_process(monkeypatch):
     calls = []
-    monkeypatch.setattr(allocator, "_DONE", {})
-    monkeypatch.setattr(allocator, "_mallopt", lambda: calls.append(1) or True)
-    assert allocator.reuse_large_blocks() and allocator.reuse_large_blocks()
-    assert calls == [1]
+
+    class LibC:
+        def mallopt(self, param: int, value: int) -> int:
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: LibC())
+    for name in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"):
+        monkeypatch.delenv(name, raising=False)
+    allocator.reuse_large_blocks.cache_clear()
+    try:
+        assert allocator.reuse_large_blocks() and allocator.reuse_large_blocks()
+    finally:
+        allocator.reuse_large_blocks.cache_clear()
+    assert calls == [(-4, 0), (-1, allocator.TRIM_THRESHOLD)]  # M_MMAP_MAX 0, then the trim threshold, once
