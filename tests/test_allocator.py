@@ -47,6 +47,7 @@ def test_freed_large_blocks_stay_in_the_heap():
 @pytest.mark.skipif(not _has_mallinfo2(), reason="needs glibc >= 2.33 (mallinfo2)")
 def test_the_users_malloc_variables_stand():
     assert _probe("on", MALLOC_MMAP_MAX_="65536") == ["False", "False"]
+    assert _probe("on", STRUCTTORCH_REUSE_MEMORY="0") == ["False", "False"]  # the opt-out, glibc's defaults
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux's")
