@@ -40,7 +40,7 @@ def measure(side: str, rows: int, labels: int, features: int, steps: int, repeat
     from structtorch.structure import random_spanning_trees
 
     if side == "reuse" and not reuse_large_blocks():
-        raise SystemExit("reuse_large_blocks() is not available here (glibc's mallopt, no MALLOC_ variables)")
+        raise SystemExit("reuse_large_blocks() is not available here (it needs glibc's mallopt)")
     set_backend("fused")
     x, y = sparse_multilabel(rows, features, labels, seed=0)
     x = x.double()
@@ -49,12 +49,8 @@ def measure(side: str, rows: int, labels: int, features: int, steps: int, repeat
     energy = FinleyJoachimsEnergy(features, labels, graph=Graph(labels, tree.edges.reshape(-1, 2)), spin=True)
     solver = SmoothedLBFGS(energy.double(), x, y, 1.0 / rows)
 
-    def value_and_grad() -> None:
-        objective = solver.objective()
-        objective = objective if torch.is_tensor(objective) else sum(objective)
-        torch.autograd.grad(objective.sum(), solver.params)
-
-    gradient_s = timeit(value_and_grad, torch.device("cpu"), repeats)
+    # the solver's own evaluation: its streamed terms, each chunk's graph freed before the next
+    gradient_s = timeit(lambda: solver.opt.slices.value_and_grad(solver.objective), torch.device("cpu"), repeats)
     start = time.perf_counter()
     solver.run(steps)
     steps_s = time.perf_counter() - start
@@ -63,8 +59,9 @@ def measure(side: str, rows: int, labels: int, features: int, steps: int, repeat
 
 
 def run_side(side: str, args: argparse.Namespace) -> dict:
-    """``measure`` in a fresh subprocess (malloc's settings are per process), glibc's MALLOC_ variables removed."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    """``measure`` in a fresh subprocess (malloc's settings are per process), without the variables that turn
+    ``reuse_large_blocks`` off (glibc's MALLOC_ ones, STRUCTTORCH_REUSE_MEMORY)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "STRUCTTORCH_REUSE_MEMORY"}
     cmd = [sys.executable, __file__, "--side", side, "--rows", str(args.rows), "--labels", str(args.labels),
            "--features", str(args.features), "--steps", str(args.steps), "--repeats", str(args.repeats)]
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)

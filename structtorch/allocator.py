@@ -3,8 +3,8 @@
 glibc serves every block above its mmap threshold (32 MiB at most) with a fresh ``mmap`` and unmaps it on free, so
 each large temporary tensor pays the kernel's page faults and page zeroing again: writing a new 134 MB tensor (one
 chunk's [4266, 982, 2, 2] pairwise tables at delicious's shape) took 51 ms, 14-28 ms from reused heap memory.
-``scripts/bench_allocator.py`` (FixedTree's objective at delicious's shape): an objective + gradient 1.76x and ten
-L-BFGS steps 1.54x faster, peak memory 14% higher, since freed blocks stay resident for the next step (on
+``scripts/bench_allocator.py`` (FixedTree's objective at delicious's shape): an objective + gradient 1.28x and ten
+L-BFGS steps 1.51x faster, peak memory 6% higher, since freed blocks stay resident for the next step (on
 delicious's matrix rows 12-68% higher). ``reuse_large_blocks`` serves large blocks from the heap (``M_MMAP_MAX`` 0)
 and keeps what is freed (``M_TRIM_THRESHOLD``), as ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=...`` would at
 start-up; where either variable is set, the user's choice stands, and ``STRUCTTORCH_REUSE_MEMORY=0`` keeps glibc's
