@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from lightning.pytorch.callbacks import ModelCheckpoint
 from sklearn.linear_model import Lasso
 
-from structtorch import Graph, Potentials
+from structtorch import Graph, Potentials, progress
 from structtorch.data import SyntheticDataModule
 from structtorch.energies import FinleyJoachimsEnergy
 from structtorch.inference import tree_map
@@ -555,6 +555,27 @@ def test_greedy_starts_its_empty_model_at_independents_solution(monkeypatch):
     assert largest[True] < 1.05 * optimum and largest[False] > 2 * optimum, (largest, optimum)
     # the final fit starts at a temperature that keeps the search's models: their objective goes to the solver
     assert float(model.warm_start(d.x_train, d.y_train, 0.01, None)[0]) == model.search_log[-1]["objective"]
+
+
+def test_greedy_leaves_the_search_time_after_its_empty_models_certificate(monkeypatch):
+    """Started at Independent's solution, the empty model's L-BFGS certificate runs within ``START_SHARE`` of the time
+    left, the candidates' fits within the whole budget: on delicious (983 labels) that certificate had taken the
+    structure search's whole share and Greedy had ended at 0 edges."""
+    from structtorch.data import crank_synthetic
+    from structtorch.learners.base import START_SHARE
+    from structtorch.learners.baselines import ComponentModels
+
+    d = crank_synthetic(150, 10, 5, 3, seed=0)
+    train, deadlines = ComponentModels.train, []
+    monkeypatch.setattr(ComponentModels, "train", lambda self, *a, **k: deadlines.append(progress._DEADLINE.get())
+                        or train(self, *a, **k))
+    model = Greedy(3, 5, l2=0.01, tol=1e-5)
+    model.resolve_l2(150)
+    with progress.time_budget(1000.0):
+        started = progress.time.monotonic()
+        assert int(model.build_structure(d.x_train, d.y_train).sum()) >= 1
+    empty, candidates = deadlines[0], deadlines[1:]
+    assert empty <= started + START_SHARE * 1000.0 + 1.0 and min(candidates) > started + 900.0
 
 
 def test_greedy_bad_search_iters(small):
