@@ -5,7 +5,7 @@ each large temporary tensor pays the kernel's page faults and page zeroing again
 chunk's [4266, 982, 2, 2] pairwise tables at delicious's shape) took 51 ms, 14-28 ms from reused heap memory.
 ``scripts/bench_allocator.py`` (FixedTree's objective at delicious's shape): an objective + gradient 1.28x and ten
 L-BFGS steps 1.51x faster, peak memory 6% higher, since freed blocks stay resident for the next step (on
-delicious's matrix rows 12-68% higher). ``reuse_large_blocks`` serves large blocks from the heap (``M_MMAP_MAX`` 0)
+delicious's matrix rows 12-70% higher). ``reuse_large_blocks`` serves large blocks from the heap (``M_MMAP_MAX`` 0)
 and keeps what is freed (``M_TRIM_THRESHOLD``), as ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=...`` would at
 start-up; where either variable is set, the user's choice stands, and ``STRUCTTORCH_REUSE_MEMORY=0`` keeps glibc's
 defaults (setting a ``MALLOC_`` variable to its default value does not: any of them turns off glibc's dynamic mmap
