@@ -567,7 +567,7 @@ def test_greedy_leaves_the_search_time_after_its_empty_models_certificate(monkey
 
     d = crank_synthetic(150, 10, 5, 3, seed=0)
     train, deadlines = ComponentModels.train, []
-    monkeypatch.setattr(ComponentModels, "train", lambda self, *a, **k: deadlines.append(progress._DEADLINE.get())
+    monkeypatch.setattr(ComponentModels, "train", lambda self, *a, **k: deadlines.append(progress.share_deadline(1.0))
                         or train(self, *a, **k))
     model = Greedy(3, 5, l2=0.01, tol=1e-5)
     model.resolve_l2(150)
