@@ -7,8 +7,8 @@ commands on that shape (``data=mulan data.root=<root> data.name=<name>``).
 Shapes (training rows, test rows, features, labels) follow Mulan's files; the rows come from
 ``structtorch.data.sparse_multilabel`` (sparse binary word features, Zipf-distributed labels with many rare ones,
 about 1.25 labels a row, as genbase, or ``--cardinality``: Mulan's enron has 3.38, bibtex 2.40, corel5k 3.52, cal500
-26.04, foodtruck 2.29, rcv1subset1 2.88, mediamill 4.38). Foodtruck's 21 features are survey answers (nominal and
-numeric), here binary; rcv1subset's 47,236 are tf-idf weights in Mulan's, here binary, about 19 a row.
+26.04, foodtruck 2.29, rcv1subset1 2.88, mediamill 4.38, bookmarks 2.03). Foodtruck's 21 features are survey
+answers (nominal and numeric), here binary; rcv1subset's 47,236 are tf-idf weights in Mulan's, here binary, about 19 a row.
 Written as sparse ARFF with ``{0,1}`` attributes and a label XML, as Mulan's text sets are. Mediamill's 120 features
 are dense video descriptors: there the labels are drawn as above and the features are numbers, x = y A + noise
 (``dense_features``), written as dense ARFF with numeric attributes.
@@ -29,7 +29,8 @@ from structtorch.data import sparse_multilabel
 #: cal500 (the loader splits off 30% as the test set)
 SHAPES = {"medical": (333, 645, 1449, 45), "enron": (1123, 579, 1001, 53), "bibtex": (4880, 2515, 1836, 159),
           "corel5k": (4500, 500, 499, 374), "cal500": (502, 0, 68, 174), "genbase": (463, 199, 1186, 27),
-          "foodtruck": (407, 0, 21, 12), "rcv1subset": (3000, 3000, 47236, 101), "mediamill": (30993, 12914, 120, 101)}
+          "foodtruck": (407, 0, 21, 12), "rcv1subset": (3000, 3000, 47236, 101), "mediamill": (30993, 12914, 120, 101),
+          "bookmarks": (87856, 0, 2150, 208)}
 #: shapes whose features are dense numbers (``dense_features``), not sparse binary words
 DENSE = {"mediamill"}
 

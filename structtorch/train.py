@@ -229,9 +229,8 @@ def _trainer_error(accelerator: str, err: MisconfigurationException) -> str:
 def run(cfg: DictConfig, out_dir: str | Path, record: bool = False) -> dict[str, Any]:
     """Train + test as configured; returns the metrics also written to ``out_dir/metrics.json``. The inference
     backend (``fused``) holds for this run only. ``record``: add the run to the run index that ``ckpt_path=last``
-    searches (``structtorch.runs``; the CLI does for single runs). Large blocks of memory are reused from here on
-    (``allocator.reuse_large_blocks``)."""
-    reuse_large_blocks()
+    searches (``structtorch.runs``; the CLI does for single runs). Large blocks of memory are reused once the data are
+    loaded (``allocator.reuse_large_blocks``)."""
     with backend(run_backend(cfg)), thread_policy(cfg.trainer.num_threads):
         return _run(cfg, Path(out_dir), record)
 
@@ -285,6 +284,7 @@ def _run(cfg: DictConfig, out: Path, record: bool) -> dict[str, Any]:
     if not trainer.is_global_zero:  # one process reports progress (structtorch.progress), not each of them
         logging.getLogger("structtorch").setLevel(logging.WARNING)
     dm, model, ckpt = _prepare(cfg, out)
+    reuse_large_blocks()  # after the loader: its temporaries went back to the system, not into the heap
     if trainer.is_global_zero:
         log.info("run directory: %s", out.resolve())
         if trainer.checkpoint_callback is not None:
