@@ -8,10 +8,11 @@ Shapes (training rows, test rows, features, labels) follow Mulan's files; the ro
 ``structtorch.data.sparse_multilabel`` (sparse binary word features, Zipf-distributed labels with many rare ones,
 about 1.25 labels a row, as genbase, or ``--cardinality``: Mulan's enron has 3.38, bibtex 2.40, corel5k 3.52, cal500
 26.04, foodtruck 2.29, rcv1subset1 2.88, mediamill 4.38, bookmarks 2.03). Foodtruck's 21 features are survey
-answers (nominal and numeric), here binary; rcv1subset's 47,236 are tf-idf weights in Mulan's, here binary, about 19 a row.
-Written as sparse ARFF with ``{0,1}`` attributes and a label XML, as Mulan's text sets are. Mediamill's 120 features
-are dense video descriptors: there the labels are drawn as above and the features are numbers, x = y A + noise
-(``dense_features``), written as dense ARFF with numeric attributes.
+answers (nominal and numeric), here binary; rcv1subset's 47,236 are tf-idf weights in Mulan's, here binary, about
+19 a row. Written as sparse ARFF with ``{0,1}`` attributes and a label XML, as Mulan's text sets are. Mediamill's
+120 features are dense video descriptors: there the labels are drawn as above and the features are numbers,
+x = y A + noise (``dense_features``), written as dense ARFF with numeric attributes. Bookmarks (87,856 rows, 208
+labels) has one file: the loader splits off 30% as the test set.
 Timing and memory on these folders say what a learner does at that size; their accuracies say nothing of the real
 data's.
 """
