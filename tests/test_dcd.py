@@ -228,16 +228,17 @@ def test_sparse_kernel_takes_the_dense_kernels_steps(n, D):
     torch.testing.assert_close(w, ref_w, rtol=1e-9, atol=1e-11)
 
 
-def test_dualcd_steps_through_the_nonzeros_of_sparse_rows():
+def test_dualcd_steps_through_the_nonzeros_of_sparse_rows(monkeypatch):
     """Sparse rows (delicious: 3.7% nonzeros beside each column's most frequent value) go by ``svm_dcd_sparse``,
-    dense ones (yeast: 99.9%) by ``svm_dcd``; both certify the same optimum, through the continuation's stages
-    (each changes the bias input, c's last entry) with a gap never negative."""
+    without a dense copy of the rows, dense ones (yeast: 99.9%) by ``svm_dcd``; both certify the same optimum,
+    through the continuation's stages (each changes the bias input, c's last entry) with a gap never negative."""
     x, y = sparse_problem(150, 60, 5, seed=3)
     sparse = DualCD(FinleyJoachimsEnergy(60, 5).double(), x[:, :-1], y, 0.05, bias_reg=1e-2, tol=1e-5)
+    assert sparse.rows is not None and sparse.x is None
+    assert DualCD(FinleyJoachimsEnergy(60, 5).double(), *problem(150, 60, 5, 3), 0.05).rows is None
+    monkeypatch.setattr("structtorch.solvers.dcd.SPARSE_DENSITY", -1.0)  # the same rows, stepped through densely
     dense = DualCD(FinleyJoachimsEnergy(60, 5).double(), x[:, :-1], y, 0.05, bias_reg=1e-2, tol=1e-5)
-    assert sparse.rows is not None and DualCD(FinleyJoachimsEnergy(60, 5).double(), *problem(150, 60, 5, 3),
-                                              0.05).rows is None
-    dense.rows = None
+    assert dense.rows is None and dense.x is not None
     gaps = []
     for solver in (sparse, dense):
         for _ in range(400):
@@ -253,3 +254,20 @@ def test_dualcd_steps_through_the_nonzeros_of_sparse_rows():
     torch.testing.assert_close(sparse.w, dense.w, rtol=1e-10, atol=1e-12)
     assert float(ours.primal) == pytest.approx(float(same.primal), rel=1e-10)
     assert float(ours.dual) == pytest.approx(float(same.dual), rel=1e-10)
+
+
+@pytest.mark.parametrize("block", [7, 100, 2**22])  # row and column blocks of every size, one block
+def test_sparse_rows_are_the_same_block_by_block(monkeypatch, block):
+    """``SparseRows.of`` reads x in blocks of ``BLOCK_ELEMENTS`` (no [N, D] temporary beside x): the same rows,
+    column values c, nonzeros and norms whatever the block, as z = x - c taken whole."""
+    x = sparse_problem(90, 33, 4, seed=5)[0]
+    monkeypatch.setattr("structtorch.solvers.dcd.BLOCK_ELEMENTS", block)
+    rows = SparseRows.of(x)
+    c = x.mode(0).values
+    z = x - c
+    torch.testing.assert_close(rows.c, c, rtol=0, atol=0)
+    torch.testing.assert_close(rows.z.to_dense(), z, rtol=0, atol=0)
+    torch.testing.assert_close(rows.zt.to_dense(), z.T, rtol=0, atol=0)
+    torch.testing.assert_close(rows.values, z[z != 0], rtol=0, atol=0)
+    assert torch.equal(rows.indptr, torch.cat([torch.zeros(1, dtype=torch.long), (z != 0).sum(1).cumsum(0)]))
+    torch.testing.assert_close(rows.q, x.pow(2).sum(1), rtol=1e-15, atol=0)

@@ -47,6 +47,8 @@ MAX_EPOCHS = 1000
 #: through the nonzeros only. An epoch on one thread, dense / sparse kernel: tmc2007 (4.3%) 8.7x faster sparse, flags
 #: (19%) 1.2x, birds (56%) 1.2x, scene (98%) 0.7x; 0.25 keeps the sparse kernel to where it clearly wins
 SPARSE_DENSITY = 0.25
+#: elements of x a block of ``SparseRows.of`` reads at once (rows for z, columns for their modes): 32 MB of float64
+BLOCK_ELEMENTS = 2**22
 
 
 class DualCD:
@@ -89,15 +91,20 @@ class DualCD:
         self.has_bias = energy.unary.bias is not None
         #: rho' of the continuation's current stage (1 on the way to rho < 1, else rho)
         self.stage = 1.0 if continuation and self.has_bias and self.bias_reg < 1.0 else self.bias_reg
-        x = x.detach().to(cpu, torch.float64)
+        N, D = x.shape
+        self.num_inputs = D + self.has_bias  # D + 1 with the bias input
+        x64 = torch.empty(N, self.num_inputs, dtype=torch.float64)  # one copy, the bias input written in place
+        x64[:, :D] = x.detach()
         if self.has_bias:
-            x = torch.cat([x, x.new_full((len(x), 1), 1.0 / math.sqrt(self.stage))], 1)
-        self.x = x.contiguous()
-        self.rows = SparseRows.of(self.x)  # None: dense rows
+            x64[:, D] = 1.0 / math.sqrt(self.stage)
+        self.rows = SparseRows.of(x64)  # None: dense rows
+        #: the rows [N, D (+ 1)] for the dense kernel; None where the sparse one steps through ``rows`` alone (at
+        #: bookmarks' shape, 55,349 x 2,151, it held 952 MB for the whole fit)
+        self.x = x64 if self.rows is None else None
         self.sign = (2.0 * y.to(cpu, torch.float64) - 1.0).contiguous()  # [N, n]
-        n, N = self.sign.shape[1], len(x)
+        n = self.sign.shape[1]
         self.alpha = torch.zeros(M, n, N, dtype=torch.float64)
-        self.w = torch.zeros(M, n, self.x.shape[1], dtype=torch.float64)  # w~(alpha) [M, n, D + 1]
+        self.w = torch.zeros(M, n, self.num_inputs, dtype=torch.float64)  # w~(alpha) [M, n, D + 1]
         self.seed = seed
         self.epochs = 0
         self.last: GapInfo | None = None  # the certificate of the current alpha (None once epochs ran after it)
@@ -134,7 +141,7 @@ class DualCD:
         """The duality gap [M] of the weights w~(alpha) on rho's objective, recomputed from alpha (no drift of the
         kernel's running sums); writes them into the energy. Sets ``self.last`` and ``self.stage_gap``."""
         coef = self.alpha * self.sign.T  # [M, n, N]
-        D = self.x.shape[1] - self.has_bias
+        D = self.num_inputs - self.has_bias
         if self.rows is None:
             self.w = torch.einsum("mln,nd->mld", coef, self.x).contiguous()  # the kernel's layout, at the stage's input
             margins = torch.einsum("nd,mld->mnl", self.x[:, :D], self.w[..., :D])  # [M, N, n] without the bias
@@ -183,8 +190,9 @@ class DualCD:
     def _set_stage(self, rho: float) -> None:
         """The continuation's stage rho' (the bias input 1 / sqrt(rho'))."""
         self.stage, bias_input = rho, 1.0 / math.sqrt(rho)
-        self.x[:, -1] = bias_input
-        if self.rows is not None:  # the bias column is constant: z's stays 0, its c and every |x_i|^2 move with it
+        if self.rows is None:
+            self.x[:, -1] = bias_input
+        else:  # the bias column is constant: z's stays 0, its c and every |x_i|^2 move with it
             self.rows.q += bias_input**2 - float(self.rows.c[-1]) ** 2
             self.rows.c[-1] = bias_input
         self.last = None
@@ -242,18 +250,27 @@ class SparseRows:
     @staticmethod
     def of(x: torch.Tensor) -> SparseRows | None:
         """x [N, D] float64 as ``SparseRows``, or None where more than ``SPARSE_DENSITY`` of z's entries are
-        nonzero (the dense kernel is then faster)."""
-        c = x.mode(0).values
-        z = x - c
-        if float((z != 0).sum()) > SPARSE_DENSITY * z.numel():
+        nonzero (the dense kernel is then faster). Block by block (``BLOCK_ELEMENTS``): no [N, D] temporary beside x
+        (at bookmarks' shape, 55,349 x 2,151, x's column modes and z took 2.3 GB more at once)."""
+        N, D = x.shape
+        width, height = max(1, BLOCK_ELEMENTS // N), max(1, BLOCK_ELEMENTS // D)
+        c = torch.cat([x[:, j:j + width].mode(0).values for j in range(0, D, width)])
+        starts = range(0, N, height)
+        if sum(int((x[i:i + height] != c).sum()) for i in starts) > SPARSE_DENSITY * x.numel():
             return None
-        at = z.nonzero()  # [nnz, 2], row by row
-        indptr = torch.cat([at.new_zeros(1), torch.bincount(at[:, 0], minlength=len(x)).cumsum(0)])
-        values = z[at[:, 0], at[:, 1]]
+        at, values = [], []
+        for i in starts:
+            z = x[i:i + height] - c
+            nonzero = z.nonzero()  # [nnz of the block, 2], row by row
+            values.append(z[nonzero[:, 0], nonzero[:, 1]])
+            at.append(nonzero + torch.tensor([i, 0]))
+        at, values = torch.cat(at), torch.cat(values)
+        q = torch.cat([x[i:i + height].pow(2).sum(1) for i in starts])
+        indptr = torch.cat([at.new_zeros(1), torch.bincount(at[:, 0], minlength=N).cumsum(0)])
         with warnings.catch_warnings():  # CSR tensors are "in beta"; their products are 4x faster than COO's here
             warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
-            sparse = torch.sparse_coo_tensor(at.T, values, z.shape, check_invariants=True).coalesce()
-            return SparseRows(indptr, at[:, 1].contiguous(), values, c.contiguous(), x.pow(2).sum(1),
+            sparse = torch.sparse_coo_tensor(at.T, values, (N, D), check_invariants=True).coalesce()
+            return SparseRows(indptr, at[:, 1].contiguous(), values, c.contiguous(), q,
                               sparse.to_sparse_csr(), sparse.t().coalesce().to_sparse_csr())
 
     def weights_and_margins(self, coef: torch.Tensor, D: int) -> tuple[torch.Tensor, torch.Tensor]:
