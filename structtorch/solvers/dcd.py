@@ -92,8 +92,7 @@ class DualCD:
         #: rho' of the continuation's current stage (1 on the way to rho < 1, else rho)
         self.stage = 1.0 if continuation and self.has_bias and self.bias_reg < 1.0 else self.bias_reg
         N, D = x.shape
-        self.num_inputs = D + self.has_bias  # D + 1 with the bias input
-        x64 = torch.empty(N, self.num_inputs, dtype=torch.float64)  # one copy, the bias input written in place
+        x64 = torch.empty(N, D + self.has_bias, dtype=torch.float64)  # one copy, the bias input written in place
         x64[:, :D] = x.detach()
         if self.has_bias:
             x64[:, D] = 1.0 / math.sqrt(self.stage)
@@ -104,7 +103,7 @@ class DualCD:
         self.sign = (2.0 * y.to(cpu, torch.float64) - 1.0).contiguous()  # [N, n]
         n = self.sign.shape[1]
         self.alpha = torch.zeros(M, n, N, dtype=torch.float64)
-        self.w = torch.zeros(M, n, self.num_inputs, dtype=torch.float64)  # w~(alpha) [M, n, D + 1]
+        self.w = torch.zeros(M, n, x64.shape[1], dtype=torch.float64)  # w~(alpha) [M, n, D + 1]
         self.seed = seed
         self.epochs = 0
         self.last: GapInfo | None = None  # the certificate of the current alpha (None once epochs ran after it)
@@ -141,7 +140,7 @@ class DualCD:
         """The duality gap [M] of the weights w~(alpha) on rho's objective, recomputed from alpha (no drift of the
         kernel's running sums); writes them into the energy. Sets ``self.last`` and ``self.stage_gap``."""
         coef = self.alpha * self.sign.T  # [M, n, N]
-        D = self.num_inputs - self.has_bias
+        D = self.w.shape[-1] - self.has_bias
         if self.rows is None:
             self.w = torch.einsum("mln,nd->mld", coef, self.x).contiguous()  # the kernel's layout, at the stage's input
             margins = torch.einsum("nd,mld->mnl", self.x[:, :D], self.w[..., :D])  # [M, N, n] without the bias
@@ -258,14 +257,14 @@ class SparseRows:
         starts = range(0, N, height)
         if sum(int((x[i:i + height] != c).sum()) for i in starts) > SPARSE_DENSITY * x.numel():
             return None
-        at, values = [], []
+        at, values, q = [], [], []
         for i in starts:
             z = x[i:i + height] - c
             nonzero = z.nonzero()  # [nnz of the block, 2], row by row
             values.append(z[nonzero[:, 0], nonzero[:, 1]])
             at.append(nonzero + torch.tensor([i, 0]))
-        at, values = torch.cat(at), torch.cat(values)
-        q = torch.cat([x[i:i + height].pow(2).sum(1) for i in starts])
+            q.append(x[i:i + height].pow(2).sum(1))
+        at, values, q = torch.cat(at), torch.cat(values), torch.cat(q)
         indptr = torch.cat([at.new_zeros(1), torch.bincount(at[:, 0], minlength=N).cumsum(0)])
         with warnings.catch_warnings():  # CSR tensors are "in beta"; their products are 4x faster than COO's here
             warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
