@@ -156,7 +156,8 @@ def edge_mask(sub: Graph, candidate: Graph) -> torch.Tensor:
 def train_forests(x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor, lam: float, bias_reg: float = 1e-4,
                   tol: float = 1e-3, margin_scale: float = 1.0, start: tuple[SmoothedLBFGS, int] | None = None,
                   iterations: int | None = None, spin: bool = False, graph: Graph | None = None,
-                  weights: tuple[FinleyJoachimsEnergy, torch.Tensor] | None = None) -> SmoothedLBFGS:
+                  weights: tuple[FinleyJoachimsEnergy, torch.Tensor] | None = None,
+                  dtype: torch.dtype = torch.float64) -> SmoothedLBFGS:
     """M3N on each of M forests, all trained as one batched model to a relative duality gap <= tol.
 
     x [N, D], y [N, n] long; forests: bool [M, E] over ``graph``'s edges (default ``Graph.complete(n)``), each
@@ -166,8 +167,9 @@ def train_forests(x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor, lam: 
     optimum. weights: (a one-model energy on ``graph``, about its objective [1]) to start every model at, at a
     temperature low enough to keep it (``SmoothedLBFGS.start_near_optimum``). iterations: instead of certifying at
     tol, that many L-BFGS iterations at the starting temperature, then one certificate. spin: as
-    ``FinleyJoachimsEnergy``. Returns the solver (``.last``: the certificate [M], ``.energy``: the weights; exact
-    tree inference per model: ``ForestSmoothedMax``)."""
+    ``FinleyJoachimsEnergy``. dtype: what L-BFGS computes in (``lbfgs_dtype``). Returns the solver (``.last``: the
+    certificate [M], ``.target``: the weights in float64, ``.energy``: in dtype; exact tree inference per model:
+    ``ForestSmoothedMax``)."""
     n = y.shape[1]
     graph = Graph.complete(n) if graph is None else graph
     energy = FinleyJoachimsEnergy(x.shape[1], n, graph, num_models=forests.shape[0], spin=spin).to(torch.float64)
@@ -180,7 +182,7 @@ def train_forests(x: torch.Tensor, y: torch.Tensor, forests: torch.Tensor, lam: 
             energy.edge_weight.mul_(source.edge_mask[m])
     smax = ForestSmoothedMax(forests, graph)
     solver = SmoothedLBFGS(energy, x, y, lam, smoothed_max=smax, exact_max=smax.exact, margin_scale=margin_scale,
-                           bias_reg=bias_reg, tol=tol)
+                           bias_reg=bias_reg, tol=tol, dtype=dtype)
     if start is not None:
         solver.eps = start[0].eps[start[1]].expand_as(solver.eps).clone()
     elif weights is not None:

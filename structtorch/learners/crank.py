@@ -29,6 +29,7 @@ from ..inference import tree_map
 from ..potentials import Potentials
 from ..progress import phase
 from ..strategies import CCCP
+from ..strategies.certified import lbfgs_dtype
 from .baselines import Full, train_forests
 
 __all__ = ["CRANK", "MAX_EDGE_ROWS", "Project"]
@@ -118,7 +119,8 @@ class CRANK(Full):
     def refit_forest(self, x: torch.Tensor, y: torch.Tensor, forest: torch.Tensor,
                      start: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> dict[str, Any]:
         """The M3N on ``forest`` (bool [E] over the candidate graph) trained on x [N, D], y [N, n] to its
-        certificate with exact tree inference (``train_forests``) becomes the predictor; returns that certificate.
+        certificate with exact tree inference (``train_forests``, in L-BFGS's precision: ``lbfgs_dtype``) becomes the
+        predictor; returns that certificate.
         start: (unary weights [n, D], biases [n], their objective [1], about) it starts at, couplings 0
         (``CCCP.refit_start``: Independent's solution, as FixedTree's fit starts)."""
         hp, graph, forest = self.hparams, self.restart_energy.graph, forest.cpu()
@@ -132,10 +134,10 @@ class CRANK(Full):
         with phase(f"{type(self).__name__}: its forest of {own.num_edges} edges retrained on {len(x)} rows"):
             solver = train_forests(x.cpu().to(torch.float64), y.cpu(), torch.ones(1, own.num_edges, dtype=torch.bool),
                                    self.l2_grid[0], self.bias_reg, hp.tol, hp.margin_scale, spin=self.spin, graph=own,
-                                   weights=(initial, objective.cpu()))
+                                   weights=(initial, objective.cpu()), dtype=lbfgs_dtype(len(x), own))
         wide = self.m3n_energy(graph, 1).to(torch.float64)  # its weights laid out on the candidate graph
         with torch.no_grad():
-            for (name, p), q in zip(wide.named_parameters(), solver.energy.parameters()):
+            for (name, p), q in zip(wide.named_parameters(), solver.target.parameters()):
                 if name == "edge_weight":
                     p[:, forest] = q
                 else:

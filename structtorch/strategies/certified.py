@@ -13,12 +13,13 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from ..graph import Graph
 from ..progress import OutOfTime, out_of_time, phase, tick
 from ..solvers import BCFW, DualCD, GapInfo, SmoothedLBFGS, StepInfo
 from ..solvers.bcfw import per_param
 from .base import Strategy
 
-__all__ = ["BCFWStrategy", "Certified", "DCDStrategy", "LBFGSStrategy", "lbfgs_solver"]
+__all__ = ["BCFWStrategy", "Certified", "DCDStrategy", "LBFGSStrategy", "lbfgs_dtype", "lbfgs_solver"]
 
 #: seconds past trainer.time_budget that a closing certificate's pass may always take (where half its expected time
 #: is less): RTA at enron's shape with 3.4 labels a row cut a 2 s pass after 1 s, 1 s from its end, and reported no gap
@@ -464,13 +465,19 @@ def lbfgs_solver(learner, energy, x: torch.Tensor, labels: torch.Tensor, lam: fl
     """The ``SmoothedLBFGS`` of ``learner``'s objective (its loss, margin, bias_reg and tol, unless ``tol`` is given)
     for ``energy`` on x [N, D], labels [N, n], at lambda ``lam`` (a float or [M]) on the rows ``mask`` [M, N] (None:
     all); in float64, or in float32 for problems of more than ``FLOAT32_ABOVE`` potential entries."""
-    hp, graph = learner.hparams, energy.graph
+    hp = learner.hparams
     crf = hp.loss == "crf"
-    entries = len(x) * (graph.num_nodes + graph.num_edges) * (lam.numel() if torch.is_tensor(lam) else 1) * 4
     return SmoothedLBFGS(energy, x, labels, lam, smoothed_max=learner.smoothed_max(),
                          margin_scale=0.0 if crf else hp.margin_scale, bias_reg=learner.bias_reg,
                          tol=hp.tol if tol is None else tol, eps=1.0 if crf else None, mask=mask,
-                         dtype=torch.float32 if entries > FLOAT32_ABOVE else torch.float64)
+                         dtype=lbfgs_dtype(len(x), energy.graph, lam.numel() if torch.is_tensor(lam) else 1))
+
+
+def lbfgs_dtype(rows: int, graph: Graph, models: int = 1) -> torch.dtype:
+    """What L-BFGS computes in for ``models`` models on ``graph`` over ``rows`` examples: float32 above
+    ``FLOAT32_ABOVE`` potential entries N (n + E) K^2 M (K = 2), else float64."""
+    entries = rows * (graph.num_nodes + graph.num_edges) * models * 4
+    return torch.float32 if entries > FLOAT32_ABOVE else torch.float64
 
 
 def plain(t: torch.Tensor) -> float | bool | list:
