@@ -132,7 +132,7 @@ class CRANK(Full):
             initial.unary.bias.copy_(b)
             initial.edge_weight.zero_()
         with phase(f"{type(self).__name__}: its forest of {own.num_edges} edges retrained on {len(x)} rows"):
-            solver = train_forests(x.cpu().to(torch.float64), y.cpu(), torch.ones(1, own.num_edges, dtype=torch.bool),
+            solver = train_forests(x.cpu(), y.cpu(), torch.ones(1, own.num_edges, dtype=torch.bool),
                                    self.l2_grid[0], self.bias_reg, hp.tol, hp.margin_scale, spin=self.spin, graph=own,
                                    weights=(initial, objective.cpu()), dtype=lbfgs_dtype(len(x), own))
         wide = self.m3n_energy(graph, 1).to(torch.float64)  # its weights laid out on the candidate graph

@@ -464,7 +464,7 @@ def lbfgs_solver(learner, energy, x: torch.Tensor, labels: torch.Tensor, lam: fl
                  mask: torch.Tensor | None, tol: float | None = None) -> SmoothedLBFGS:
     """The ``SmoothedLBFGS`` of ``learner``'s objective (its loss, margin, bias_reg and tol, unless ``tol`` is given)
     for ``energy`` on x [N, D], labels [N, n], at lambda ``lam`` (a float or [M]) on the rows ``mask`` [M, N] (None:
-    all); in float64, or in float32 for problems of more than ``FLOAT32_ABOVE`` potential entries."""
+    all); in ``lbfgs_dtype``'s precision."""
     hp = learner.hparams
     crf = hp.loss == "crf"
     return SmoothedLBFGS(energy, x, labels, lam, smoothed_max=learner.smoothed_max(),
