@@ -51,6 +51,11 @@ class GridInputs:
         return self.unary.dtype
 
 
+#: ``Standardizer.fit`` computes its float64 statistics over blocks of columns of at most this many entries: at
+#: bookmarks' shape (55,349 x 2,150) the whole float64 copy and its temporaries peaked at 2.8 GB beside x
+STATS_BLOCK_ELEMENTS = 2**24
+
+
 @dataclass
 class Standardizer:
     """Per-feature affine standardisation ``(x - mean) / std`` fitted on training data only.
@@ -68,16 +73,20 @@ class Standardizer:
         """Statistics of x [N, D] (population std, NaN ignored), computed in float64, kept in ``dtype``."""
         if x.dim() != 2 or x.shape[0] == 0:
             raise ValueError(f"Standardizer.fit needs x of shape [N >= 1, D], got {tuple(x.shape)}")
-        x = x.to(torch.float64)
-        mean = torch.nan_to_num(x.nanmean(0), nan=0.0)
-        var = torch.nan_to_num((x - mean).square().nanmean(0), nan=1.0)
-        std = var.sqrt()
+        width = max(1, STATS_BLOCK_ELEMENTS // x.shape[0])
+        means, variances = [], []
+        for block in x.split(width, dim=1):  # float64 temporaries of at most STATS_BLOCK_ELEMENTS entries
+            block = block.to(torch.float64)
+            means.append(torch.nan_to_num(block.nanmean(0), nan=0.0))
+            variances.append(torch.nan_to_num((block - means[-1]).square().nanmean(0), nan=1.0))
+        mean, std = torch.cat(means), torch.cat(variances).sqrt()
         std = torch.where(std < eps, torch.ones_like(std), std)
         return cls(mean.to(dtype), std.to(dtype))
 
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         """Standardised x [N, D] (in the statistics' dtype); NaN -> 0 (the training mean)."""
-        return torch.nan_to_num((x.to(self.mean.dtype) - self.mean) / self.std, nan=0.0)
+        out = x.to(self.mean.dtype, copy=True)  # one [N, D] result, standardised in place
+        return out.sub_(self.mean).div_(self.std).nan_to_num_(nan=0.0)
 
     def impute(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, D] with NaN replaced by the training mean, otherwise unchanged."""

@@ -117,6 +117,28 @@ def test_load_arff_missing_values_and_comments(tmp_path: Path) -> None:
     assert np.isnan(d.values[0, 1]) and d.lines.tolist() == [13]
 
 
+def test_split_is_two_subsets_sharing_the_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ArffData.split gives subset's two parts (values, lines, strings) as views of the file's values reordered in
+    place, a few columns at a time: no second copy of a file's values (at bookmarks' shape 1.7 GB)."""
+    import structtorch.data.arff as arff_module
+
+    monkeypatch.setattr(arff_module, "REORDER_COLUMNS", 2)  # several blocks of the 6 columns
+    x, y = _big(9)
+    text = HEADER.replace("@attribute f0", "@attribute id string\n@attribute f0")
+    rows = "".join(f"'r{i}'," + row for i, row in enumerate(_dense_rows(x, y).splitlines(keepends=True)))
+    path = _write(tmp_path / "s.arff", text + rows)
+    first, second = np.array([4, 0, 7, 2, 8]), np.array([5, 1, 3, 6])
+    expected = [load_arff(path).subset(rows) for rows in (first, second)]
+    data = load_arff(path)
+    parts = data.split(first, second)
+    for part, want in zip(parts, expected):
+        np.testing.assert_array_equal(part.values, want.values)
+        assert part.lines.tolist() == want.lines.tolist() and part.strings == want.strings
+        assert np.shares_memory(part.values, data.values)
+    with pytest.raises(ValueError, match="each of the 9 rows once"):
+        load_arff(path).split(first, np.array([5, 1, 3, 3]))
+
+
 @pytest.mark.parametrize("case, row, line", [
     ("bad numeric value", "1,abc,0,1,0", 12),
     ("wrong number of columns (too many)", "1,2,0,1,0,7", 12),
@@ -283,6 +305,28 @@ def test_standardizer_imputes_missing_with_train_mean() -> None:
     s = Standardizer.fit(x)
     torch.testing.assert_close(s.mean, torch.tensor([3.0, 6.0]))
     assert s.transform(x)[0, 1] == 0 and s.impute(x)[0, 1] == 6.0
+
+
+def test_standardizer_statistics_by_column_blocks_equal_the_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fit computes its float64 statistics over blocks of columns (bounded temporaries at bookmarks' shape): the
+    same mean and std as over all columns at once, NaN ignored; transform leaves its input as it was."""
+    import structtorch.inputs as inputs_module
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(40, 7, generator=g) * torch.arange(1.0, 8.0) + 3
+    x[::5, 2] = float("nan")
+    whole = Standardizer.fit(x)
+    monkeypatch.setattr(inputs_module, "STATS_BLOCK_ELEMENTS", 90)  # 2 columns of 40 rows a block
+    blocks = Standardizer.fit(x)
+    torch.testing.assert_close(blocks.mean, whole.mean, rtol=0, atol=0)
+    torch.testing.assert_close(blocks.std, whole.std, rtol=0, atol=0)
+    x64 = x.double()
+    torch.testing.assert_close(blocks.mean, x64.nanmean(0).float())
+    torch.testing.assert_close(blocks.std, (x64 - x64.nanmean(0)).square().nanmean(0).sqrt().float())
+    before = x.clone()
+    z = blocks.transform(x)
+    assert torch.equal(x.isnan(), before.isnan()) and torch.equal(x.nan_to_num(), before.nan_to_num())
+    assert not z.isnan().any() and z[0, 2] == 0
 
 
 def test_datamodule_standardises_with_train_part_only(tmp_path: Path) -> None:

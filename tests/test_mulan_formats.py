@@ -97,7 +97,13 @@ NOMINAL_X_TRAIN = [[0, 1, 0, 0, 1, 0, 0, 1, 0.5], [1, 0, 1, 0, 0, 1, 0, 0, 1.5],
 NOMINAL_X_TEST = [[1, 0, 0, 1, 0, 0, 1, 0, 3.5]]
 
 
-def test_nominal_features_are_one_hot_with_the_header_vocabulary(tmp_path: Path) -> None:
+@pytest.mark.parametrize("block", [None, 1])
+def test_nominal_features_are_one_hot_with_the_header_vocabulary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  block: int | None) -> None:
+    """block: the single-column features converted one column at a time (``FEATURE_BLOCK``), as in blocks of a
+    wide file's columns."""
+    if block is not None:
+        monkeypatch.setattr("structtorch.data.mulan.FEATURE_BLOCK", block)
     root = _dataset(tmp_path, "nom", NOMINAL_HEADER, NOMINAL_TRAIN, NOMINAL_TEST, NOMINAL_XML)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the string attribute

@@ -22,6 +22,8 @@ import numpy as np
 
 __all__ = ["ArffAttribute", "ArffData", "load_arff"]
 
+#: columns of values that ``ArffData.split`` reorders at a time (its one temporary: N x this many values)
+REORDER_COLUMNS = 256
 _DATA_RE = re.compile(r"^@data\b", re.IGNORECASE)
 _ATTRIBUTE_RE = re.compile(r"^@attribute(?=\s|$)", re.IGNORECASE)
 _QUOTED_NAME_RE = re.compile(r"'((?:[^'\\]|\\.)*)'" r'|"((?:[^"\\]|\\.)*)"', re.DOTALL)
@@ -99,6 +101,23 @@ class ArffData:
         strings = {name: [col[i] for i in rows] for name, col in self.strings.items()}
         return ArffData(self.path, self.relation, self.attributes, self.values[rows], self.lines[rows],
                         self.sparse, strings)
+
+    def split(self, first: np.ndarray, second: np.ndarray) -> tuple[ArffData, ArffData]:
+        """``subset(first)``, ``subset(second)`` of a partition of the rows (int64 [M], [N - M]), without a copy of
+        the values: this file's rows are put in that order in place (``REORDER_COLUMNS`` columns of values at a
+        time) and each part's values are a view of them."""
+        order = np.concatenate([first, second])
+        if not np.array_equal(np.sort(order), np.arange(self.num_rows)):
+            raise ValueError(f"ArffData.split: the two index arrays must hold each of the {self.num_rows} rows once")
+        for start in range(0, self.values.shape[1], REORDER_COLUMNS):
+            block = self.values[:, start:start + REORDER_COLUMNS]
+            block[:] = block[order]  # the right side is a copy of the block: safe in place
+        self.lines = self.lines[order]
+        self.strings = {name: [col[i] for i in order] for name, col in self.strings.items()}
+        m = len(first)
+        return tuple(ArffData(self.path, self.relation, self.attributes, self.values[part], self.lines[part],
+                              self.sparse, {name: col[part] for name, col in self.strings.items()})
+                     for part in (slice(0, m), slice(m, None)))
 
     def nominal_value(self, column: int) -> np.ndarray:
         """The declared nominal value (str, None where missing) of every row of ``column``: [N]."""
