@@ -35,6 +35,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, OverrideParseException
 from hydra.types import RunMode
+from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -208,12 +209,12 @@ def _trainer(cfg: DictConfig, out: Path, run_name: str) -> L.Trainer:
     callbacks: list[L.Callback] = [ResumeHint(out), FollowLoad()]
     if kwargs.get("enable_checkpointing", True):
         callbacks.append(ModelCheckpoint(dirpath=str(out / "checkpoints"), filename="epoch{epoch:03d}-step{step}",
-                                         auto_insert_metric_name=False, save_last=True))
+                                         auto_insert_metric_name=False, save_last="link"))
     if kwargs["max_epochs"] == 0:
         log.warning("trainer.max_epochs=0: the model is not trained; testing the untrained model")
     try:
         return L.Trainer(**kwargs, logger=_logger(cfg.logger, out, run_name), default_root_dir=str(out),
-                         callbacks=callbacks)
+                         callbacks=callbacks, plugins=[FileCheckpointIO()])
     except MisconfigurationException as err:
         raise UserError(_trainer_error(str(kwargs["accelerator"]), err)) from err
 
@@ -432,6 +433,25 @@ class FollowLoad(L.Callback):
 
     def on_train_batch_start(self, *args: Any) -> None:
         retune()
+
+
+class FileCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written by ``torch.save`` straight into a temporary file beside the target, then renamed over it
+    (atomic on a local file system). Lightning's own (``_atomic_save``) builds the whole file in memory first and
+    copies it once more to write it: RTA's dual state at bookmarks' shape is a 2 GB checkpoint, and saving it took
+    the run's peak from 6.3 to 8.3 GB. Paths with a protocol (``s3://...``) keep Lightning's."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.partial")
+        try:
+            torch.save(checkpoint, partial)
+            os.replace(partial, path)  # also replaces a last.ckpt link itself, not the checkpoint it points to
+        finally:
+            partial.unlink(missing_ok=True)
 
 
 class ResumeHint(L.Callback):

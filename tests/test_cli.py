@@ -177,6 +177,35 @@ def test_ctrl_c_inside_a_long_epoch_writes_a_checkpoint_to_resume_from(tmp_path)
         output[-3000:]
 
 
+def test_checkpoints_are_written_to_disk_not_built_in_memory(tmp_path):
+    """FileCheckpointIO (the run's checkpoint writer) saves through a partial file renamed over the target, never
+    holding the serialised checkpoint in Python memory (Lightning's TorchCheckpointIO builds it in a BytesIO and
+    copies it once more: at least twice the checkpoint, 2 x 2 GB for RTA's dual state at bookmarks' shape); a
+    last.ckpt link is replaced itself, the checkpoint it pointed to stays as it was."""
+    import tracemalloc
+
+    from lightning.fabric.plugins import TorchCheckpointIO
+
+    from structtorch.train import FileCheckpointIO
+
+    checkpoint = {"state": torch.arange(2**22, dtype=torch.float64)}  # 32 MiB
+    peaks = {}
+    for io in (TorchCheckpointIO(), FileCheckpointIO()):
+        path = tmp_path / type(io).__name__ / "c.ckpt"
+        tracemalloc.start()
+        io.save_checkpoint(checkpoint, path)
+        peaks[type(io).__name__] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert torch.equal(torch.load(path)["state"], checkpoint["state"])
+    assert peaks["FileCheckpointIO"] < 2**22 < 2**25 <= peaks["TorchCheckpointIO"], peaks
+    folder = tmp_path / "FileCheckpointIO"
+    (folder / "last.ckpt").symlink_to("c.ckpt")
+    FileCheckpointIO().save_checkpoint({"state": torch.zeros(3)}, folder / "last.ckpt")
+    assert not (folder / "last.ckpt").is_symlink() and torch.load(folder / "last.ckpt")["state"].shape == (3,)
+    assert torch.equal(torch.load(folder / "c.ckpt")["state"], checkpoint["state"])
+    assert sorted(p.name for p in folder.iterdir()) == ["c.ckpt", "last.ckpt"]  # no partial file left
+
+
 # ---------------------------------------------------------------------- ckpt_path=last (item 3)
 def test_ckpt_path_last_finds_the_run_of_the_same_configuration_from_another_directory(tmp_path):
     """A run started in a/ is resumed from b/ (the run index); a run of another configuration is refused with the
