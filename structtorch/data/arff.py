@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import arff as liac_arff
 import numpy as np
@@ -99,8 +99,7 @@ class ArffData:
     def subset(self, rows: np.ndarray) -> ArffData:
         """The data rows ``rows`` (int64 [M], indices into the N rows) of this file, in that order."""
         strings = {name: [col[i] for i in rows] for name, col in self.strings.items()}
-        return ArffData(self.path, self.relation, self.attributes, self.values[rows], self.lines[rows],
-                        self.sparse, strings)
+        return replace(self, values=self.values[rows], lines=self.lines[rows], strings=strings)
 
     def split(self, first: np.ndarray, second: np.ndarray) -> tuple[ArffData, ArffData]:
         """``subset(first)``, ``subset(second)`` of a partition of the rows (int64 [M], [N - M]), without a copy of
@@ -115,8 +114,8 @@ class ArffData:
         self.lines = self.lines[order]
         self.strings = {name: [col[i] for i in order] for name, col in self.strings.items()}
         m = len(first)
-        return tuple(ArffData(self.path, self.relation, self.attributes, self.values[part], self.lines[part],
-                              self.sparse, {name: col[part] for name, col in self.strings.items()})
+        return tuple(replace(self, values=self.values[part], lines=self.lines[part],
+                             strings={name: col[part] for name, col in self.strings.items()})
                      for part in (slice(0, m), slice(m, None)))
 
     def nominal_value(self, column: int) -> np.ndarray:
