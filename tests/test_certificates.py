@@ -196,10 +196,10 @@ def test_rta_on_medical_shaped_data_never_stops_on_a_negative_gap(tmp_path):
     assert report["inference"]["steps"]["searches"] == len(x)
 
 
-def _rta_fit(max_epochs: int, **kwargs) -> RTA:
+def _rta_fit(max_epochs: int, batch_size: int = 64, **kwargs) -> RTA:
     from structtorch.data.datamodule import SyntheticDataModule
 
-    dm = SyntheticDataModule(num_train=60, num_test=10, num_labels=5, val_fraction=0.0, seed=0)
+    dm = SyntheticDataModule(num_train=60, num_test=10, num_labels=5, batch_size=batch_size, val_fraction=0.0, seed=0)
     # one pass an epoch; the paper's features without interaction_l2=auto's CV, whose fits would meet the patches
     model = RTA(dm.num_features, dm.num_labels, **{"solver_iters": 1, "interaction_l2": 1.0} | kwargs)
     # on the CPU: the tests call the strategy after fit, when Lightning has moved the model off the GPU
@@ -231,19 +231,35 @@ def test_bcfw_ends_its_epoch_once_its_estimate_says_it_may_certify_certified_or_
     assert model.strategy.step_rows == 60 and not model.solver_report()["converged"]  # one pass an epoch
 
 
-def test_bcfw_keeps_the_closing_certificate_s_time_out_of_the_budget(monkeypatch):
-    """The budget keeps the closing certificate's pass (at the steps' pace) in reserve where it fits: with a
-    reserve larger than the budget but within what may overrun it (half the pass), no step is taken, and the run
-    still ends certified."""
+def test_bcfw_keeps_the_closing_certificate_s_time_out_of_the_budget_after_one_pass(monkeypatch):
+    """The budget keeps the closing certificate's pass (at the steps' pace) in reserve where it fits, once the
+    steps have made one pass over the training set: with a reserve larger than the budget but within what may
+    overrun it (half the pass), the steps make that one pass (3 batches of 20 rows), no more, and the run still
+    ends certified. Before the pass the steps are not stopped for it: the rows no step has reached hold their start
+    (RTA at bookmarks' shape on a loaded machine stopped after 2 of 1,100 batches and predicted its start's)."""
     from structtorch.progress import time_budget
     from structtorch.strategies.certified import BCFWStrategy
 
     monkeypatch.setattr(BCFWStrategy, "certificate_seconds", lambda self: 1000.0)
     with time_budget(600):
-        model = _rta_fit(1, independent_start=False)
-    assert model.strategy.step_rows == 0 and model.strategy.certificate is not None
-    assert all(float(p.abs().max()) == 0.0 for p in model.energy.parameters())  # no step from w = 0
+        model = _rta_fit(2, batch_size=20, independent_start=False)
+    assert model.strategy.rows_stepped == 60 and model.strategy.certificate is not None
+    assert model.strategy.reserved and model.solver_report()["relative_gap"] is not None
     assert _rta_fit(2).strategy.step_rows == 60  # one batch per epoch; the pace leaves out the first step
+
+
+def test_a_resumed_bcfw_run_remembers_whether_its_steps_made_their_first_pass():
+    """The rows stepped travel in the checkpoint's solver state: a resumed run keeps the certificate's time in
+    reserve as the run it continues would (checkpoints written before they did: as after a pass)."""
+    from structtorch.learners.base import training_set
+
+    model = _rta_fit(1, batch_size=20)
+    strategy, x, y = model.strategy, *training_set(model.trainer)
+    for rows_stepped in (20, 60):
+        strategy.setup(x, y, strategy.state_dict() | {"rows_stepped": rows_stepped})
+        assert strategy.rows_stepped == rows_stepped
+    strategy.setup(x, y, {k: v for k, v in strategy.state_dict().items() if k != "rows_stepped"})
+    assert strategy.rows_stepped == 60
 
 
 def test_a_reserved_certificate_is_computed_after_the_epoch_s_tail_spent_its_time(monkeypatch):
@@ -252,12 +268,19 @@ def test_a_reserved_certificate_is_computed_after_the_epoch_s_tail_spent_its_tim
     from structtorch.solvers import BCFW
     from structtorch.strategies import certified
 
-    left = [600.0]  # seconds of budget left
+    left, may_step = [600.0], certified.BCFWStrategy.may_step  # seconds of budget left
+
+    def the_tail_spends_the_reserve(self) -> bool:
+        may = may_step(self)
+        left[0] = -1.0 if self.reserved else left[0]
+        return may
+
     monkeypatch.setattr(certified, "out_of_time", lambda distributed=False, reserve=0.0: left[0] < reserve)
     monkeypatch.setattr(certified.BCFWStrategy, "certificate_seconds", lambda self: 1000.0)
-    monkeypatch.setattr(BCFW, "should_certify", lambda self: (left.__setitem__(0, -1.0), False)[1])
-    model = _rta_fit(1)
-    assert model.strategy.step_rows == 0 and model.strategy.unfit is None
+    monkeypatch.setattr(certified.BCFWStrategy, "may_step", the_tail_spends_the_reserve)
+    monkeypatch.setattr(BCFW, "should_certify", lambda self: False)
+    model = _rta_fit(2)  # epoch 0: the pass (one batch); epoch 1: no step, the budget spent, the certificate
+    assert model.strategy.rows_stepped == 60 and model.strategy.reserved and model.strategy.unfit is None
     assert model.strategy.certificate is not None and model.solver_report()["relative_gap"] is not None
 
 
@@ -269,8 +292,8 @@ def test_a_fit_whose_steps_stopped_for_the_reserve_ends_at_that_epoch_s_end(monk
 
     monkeypatch.setattr(certified, "out_of_time", lambda distributed=False, reserve=0.0: 500.0 < reserve)
     monkeypatch.setattr(certified.BCFWStrategy, "certificate_seconds", lambda self: 1000.0)  # fits: no pass is cut
-    model = _rta_fit(3)
-    assert model.strategy.step_rows == 0 and model.strategy.reserved and model.current_epoch == 1
+    model = _rta_fit(4)  # epoch 0: the pass (one batch); epoch 1: no step
+    assert model.strategy.rows_stepped == 60 and model.strategy.reserved and model.current_epoch == 2
     assert model.solver_report()["stopped_by"] == "time_budget" and model.strategy.certificate is not None
 
 
@@ -279,18 +302,21 @@ def test_a_closing_certificate_cut_at_the_budget_gives_its_time_back_to_the_step
     searches doubling K, 26 rows/s against 97), it is tried as soon as the steps stop for its time, cut, and the
     steps take that time back in the same epoch. The run used to wait an epoch without a step (its running estimate
     of 0 then asked for the certificate) and its validation pass, about a minute at delicious."""
+    from structtorch.solvers import BCFW
     from structtorch.strategies import certified
 
     monkeypatch.setattr(certified, "out_of_time", lambda distributed=False, reserve=0.0: 500.0 < reserve)
     monkeypatch.setattr(certified.BCFWStrategy, "certificate_seconds", lambda self: 1000.0)
     monkeypatch.setattr(certified.BCFWStrategy, "certify", lambda self: setattr(self, "unfit", "not computed: cut"))
+    monkeypatch.setattr(BCFW, "should_certify", lambda self: False)
     epochs, step = [], certified.BCFWStrategy.bcfw_step
     monkeypatch.setattr(certified.BCFWStrategy, "bcfw_step",
                         lambda self, *batch: (epochs.append(self.learner.current_epoch), step(self, *batch))[1])
     with pytest.warns(UserWarning, match="without a certificate: not computed: cut"):
-        model = _rta_fit(2, solver_iters=2)
-    # epoch 0: its second pass (in steps of one row: no training batch has set their size); epoch 1: both passes
-    assert epochs == [0] * 60 + [1, 1] and not model.strategy.reserved
+        model = _rta_fit(2, batch_size=20, solver_iters=2)
+    # each epoch both passes, in 3 batches: epoch 0's second pass, which the reserve stopped after the first, got
+    # its time back from the cut certificate
+    assert epochs == [0] * 6 + [1] * 6 and not model.strategy.reserved
 
 
 def test_a_certificate_that_cannot_fit_the_budget_is_not_computed_and_the_run_says_so(monkeypatch):
