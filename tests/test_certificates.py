@@ -319,6 +319,24 @@ def test_a_closing_certificate_cut_at_the_budget_gives_its_time_back_to_the_step
     assert epochs == [0] * 6 + [1] * 6 and not model.strategy.reserved
 
 
+def test_a_reserve_that_begins_inside_a_pass_computes_the_closing_certificate_once(monkeypatch):
+    """The budget runs out to the certificate's time inside the epoch's second pass: its certificate is computed
+    at once, and the epoch then ends on it; it was computed a second time at the next pass's turn (RTA on
+    delicious: the second pass, cut, left the run without a certificate)."""
+    from structtorch.solvers import BCFW
+    from structtorch.strategies import certified
+
+    left, step, certify, passes = [2000.0], certified.BCFWStrategy.bcfw_step, certified.BCFWStrategy.certify, []
+    monkeypatch.setattr(certified, "out_of_time", lambda distributed=False, reserve=0.0: left[0] < reserve)
+    monkeypatch.setattr(certified.BCFWStrategy, "certificate_seconds", lambda self: 1000.0)  # grace 500 s
+    monkeypatch.setattr(BCFW, "should_certify", lambda self: False)
+    monkeypatch.setattr(certified.BCFWStrategy, "bcfw_step",  # each step spends 300 s of the budget
+                        lambda self, *batch: (left.__setitem__(0, left[0] - 300.0), step(self, *batch))[1])
+    monkeypatch.setattr(certified.BCFWStrategy, "certify", lambda self: (passes.append(1), certify(self))[1])
+    model = _rta_fit(1, batch_size=20, solver_iters=3)  # 3 steps, then one of the second pass: 800 s left
+    assert model.strategy.rows_stepped == 80 and len(passes) == 1 and model.strategy.certificate is not None
+
+
 def test_a_certificate_that_cannot_fit_the_budget_is_not_computed_and_the_run_says_so(monkeypatch):
     """Where the certificate's pass would run far past the budget (RTA at delicious: about 0.12 s a row, 1,400 s
     for its 11,628 rows), the steps use the whole budget and the run ends without a certificate: reported as

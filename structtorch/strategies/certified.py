@@ -377,8 +377,9 @@ class BCFWStrategy(Certified):
         for p in range(1, self.learner.hparams.solver_iters):
             if (info is not None and bool(info.converged.all())) or self.solver.should_certify():
                 break
-            if not self.may_step():  # the budget is spent, or the steps just stopped to keep the certificate's time
-                info = self.certificate_if_due()  # the latter: computed now, and where it was cut the steps go on
+            if not self.may_step():  # the budget is spent, or the steps stopped to keep the certificate's time
+                if info is None and self.reserved:  # the latter before it was computed: now, and if cut the steps go on
+                    info = self.certificate_if_due()
                 if not self.may_step():
                     break
             self.extra_pass(p)
