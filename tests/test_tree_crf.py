@@ -36,10 +36,16 @@ def random_energy(D: int = 6, n: int = 4, k: int = 2, K: int = 2, local_unary: b
     return e, inputs
 
 
+@pytest.mark.parametrize("stored", [False, True])
 @pytest.mark.parametrize("local_unary", [True, False])
-def test_potentials_are_linear_in_each_factors_own_inputs(local_unary):
+def test_potentials_are_linear_in_each_factors_own_inputs(local_unary, stored):
+    """Each factor sees its own columns (the weights of a padded slot, here random, unused), from row-major inputs
+    and from a row slice of the column-major ones a solver stores (``stored_inputs``)."""
     e, inputs = random_energy(local_unary=local_unary)
-    x = torch.randn(5, 6, dtype=F64)
+    x = torch.randn(7, 6, dtype=F64)
+    if stored:
+        assert e.stored_inputs(x).T.is_contiguous() and torch.equal(e.stored_inputs(x), x)
+        x = e.stored_inputs(x)[1:6]
     pot = e(x)
     for i in range(4):
         cols = inputs[i] if local_unary else list(range(6))

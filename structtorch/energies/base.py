@@ -28,6 +28,11 @@ class Energy(nn.Module):
         """Scalar weight per edge [E] for structure regularisers and pictures, or None."""
         return None
 
+    def stored_inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """The inputs x [N, D] laid out for this energy's repeated forward passes over row slices of them (a
+        solver that holds its training set for the whole fit stores them so, once): x itself by default."""
+        return x
+
     def label_bias(self) -> torch.Tensor | None:
         """For binary labels: the parameter [(M,) n] whose entry l adds to state 1's unary score of label l in every
         row (the certified L-BFGS solver moves it alone at each certificate, ``SmoothedLBFGS.moved_biases``), or

@@ -301,7 +301,8 @@ class SmoothedHinge:
         self.target = energy
         if next(energy.parameters()).dtype != dtype:
             energy = copy.deepcopy(energy).to(dtype)
-        self.energy, self.x, self.smoothed_max, self.tol = energy, x.to(dtype), smoothed_max, float(tol)
+        self.energy, self.smoothed_max, self.tol = energy, smoothed_max, float(tol)
+        self.x = energy.stored_inputs(x.to(dtype))  # [N, D], read by row slices at every evaluation
         self.exact_max = exact_max if exact_max is not None or smoothed_max is not tree_smoothed_max else _tree_max
         self.num_models = energy.num_models
         named = list(energy.named_parameters())
