@@ -388,10 +388,11 @@ def test_a_certificate_pass_slower_than_expected_stops_past_the_budget_and_the_r
     certify = certified.BCFWStrategy.certify
     monkeypatch.setattr(certified.BCFWStrategy, "certify", lambda self: (passes.append(1), certify(self))[1])
     with pytest.warns(UserWarning, match=r"without a certificate: not computed: its pass over the training set "
-                                         r"would end more than 8 s past trainer.time_budget \(7 of 60 rows in"):
+                                         r"would end more than 8 s past trainer.time_budget \(14 of 60 rows in"):
         model = _rta_fit(2)
     report = model.solver_report()
-    # one pass, cut after its first batch: the other 53 rows at its pace would end 8 s (its grace) past the budget
+    # one pass, cut after its second batch (its pace leaves out the first, a warm-up): the other 46 rows at that
+    # pace would end more than 8 s (its grace) past the budget
     assert len(passes) == 1 and any(r >= 20.0 for r in grace)
     assert model.strategy.step_rows == 60 and report["converged"] is False and report["relative_gap"] is None
     console = format_metrics({"model": "rta", "data": "synthetic", "solver": {**report, "epochs": 2}})
@@ -420,13 +421,14 @@ def test_a_certificate_pass_too_slow_for_the_budget_finishes_with_the_steps_sear
     monkeypatch.setattr(strategy.solver, "step_oracle", steps_search)
     clock = itertools.count(step=5.0)
     monkeypatch.setattr(certified, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))  # 5 s a reading
-    # 20 s of budget left: the doubling search's pace (7 rows in 5 s) says its other 53 rows end 30 s past it. The
-    # steps' search goes at that pace too here (a load on the machine), which would end its 46 rows 13 s past it,
-    # past its grace; at the steps' pace (16 s a pass) they end in the budget, so the pass goes on
+    # 20 s of budget left: the doubling search's pace from its second batch (the first, a warm-up, left out) says
+    # its other 46 rows end past it by more than its grace. The steps' search goes at that pace too here (a load on
+    # the machine), which would end them past its grace too; at the steps' pace (16 s a pass) they end in the
+    # budget, so the pass goes on
     monkeypatch.setattr(certified, "out_of_time", lambda distributed=False, reserve=0.0: reserve >= 20.0)
     info = strategy.certify()
-    assert info is not None and strategy.unfit is None and steps_search.searches == 53  # the last 53 rows
-    assert strategy.cheaper_search.startswith("the steps' search (K not doubled) on the last 53 of 60 rows")
+    assert info is not None and strategy.unfit is None and steps_search.searches == 46  # the last 46 rows
+    assert strategy.cheaper_search.startswith("the steps' search (K not doubled) on the last 46 of 60 rows")
     assert torch.allclose(info.dual, full.dual, rtol=1e-12) and bool((info.primal >= full.primal).all())
     assert bool((info.primal >= info.dual).all())
     assert strategy.report()["cheaper_search"] == strategy.cheaper_search
