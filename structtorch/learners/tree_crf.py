@@ -204,7 +204,8 @@ class TreeCRF(StructuredLearner):
         fold = self.cv_folds_of(len(xs)).to(self.fit_device)
         mask = torch.stack([fold != f for f in range(k)])  # [k, rows]: fold f's model trains without fold f
         energy = self.grid_energy(k).to(self.fit_device)
-        x_fit, labels = xs.to(self.fit_device, torch.float64), self.energy_labels(ys.to(self.fit_device))
+        x_fit = energy.stored_inputs(xs.to(self.fit_device, torch.float64))  # once for the path's solvers
+        labels = self.energy_labels(ys.to(self.fit_device))
         name = f"{type(self).__name__} l2 (model.l2=auto): {k}-fold CV down from {auto:.4g}{rows}"
         with phase(name), budget_share(self.cv_share):
             for lam in (auto * step for step in self.auto_l2_steps):
