@@ -236,7 +236,7 @@ def test_bcfw_keeps_the_closing_certificate_s_time_out_of_the_budget_after_one_p
     steps have made one pass over the training set: with a reserve larger than the budget but within what may
     overrun it (half the pass), the steps make that one pass (3 batches of 20 rows), no more, and the run still
     ends certified. Before the pass the steps are not stopped for it: the rows no step has reached hold their start
-    (RTA at bookmarks' shape on a loaded machine stopped after 2 of 1,100 batches and predicted its start's)."""
+    (RTA at bookmarks' shape on a loaded machine stopped after 2 of 865 batches and predicted its start's)."""
     from structtorch.progress import time_budget
     from structtorch.strategies.certified import BCFWStrategy
 

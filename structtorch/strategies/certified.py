@@ -326,7 +326,7 @@ class BCFWStrategy(Certified):
         """False once the time budget is spent, less the closing certificate's time where it fits and the steps
         have made one pass over the training set: before that pass the budget goes to the steps, for the rows a
         step has not yet reached hold their start, and a certificate of those weights says only how far they are
-        (RTA at bookmarks' shape on a loaded machine stopped after 2 of 1,100 batches to keep the pass's time, and
+        (RTA at bookmarks' shape on a loaded machine stopped after 2 of 865 batches to keep the pass's time, and
         predicted its start's 73% subset accuracy, not the 97% of a run that steps)."""
         keep = self.rows_stepped >= len(self.x) and self.certificate_fits()
         if out_of_time(reserve=self.certificate_seconds() if keep else 0.0):
