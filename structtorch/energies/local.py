@@ -105,8 +105,8 @@ def _local_linear(xt: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor, 
     the einsum's layout copies; rows of contiguous entries where x is column-major, ``stored_inputs``) and
     contracted by one batched matmul over R for all M models."""
     (R, P), B = inputs.shape, xt.shape[1]
-    used = (inputs >= 0).to(weight.dtype).view(R, P, *[1] * (weight.dim() - 2 - (num_models is not None)))
-    w = (weight * used)[None] if num_models is None else weight * used  # [M, R, P, *T]
+    w = weight[None] if num_models is None else weight  # [M, R, P, *T]
+    w = w * (inputs >= 0).to(w.dtype).view(1, R, P, *[1] * (w.dim() - 3))  # padded slots' weights unused
     cols = xt.index_select(0, inputs.flatten().clamp(min=0)).view(R, P, B)
     # flatten, not reshape(R, P, -1): with no edges (R = 0) the -1 cannot be inferred
     out = torch.bmm(cols.transpose(1, 2), w.movedim(0, 2).flatten(2)).view(R, B, w.shape[0], *w.shape[3:])
