@@ -248,6 +248,31 @@ def test_bcfw_keeps_the_closing_certificate_s_time_out_of_the_budget_after_one_p
     assert _rta_fit(2).strategy.step_rows == 60  # one batch per epoch; the pace leaves out the first step
 
 
+def test_bcfw_keeps_no_time_for_a_closing_certificate_whose_searches_certify_nothing(monkeypatch):
+    """Where the steps' searches of the epoch certified none of their rows (Lemma 7), the closing certificate could
+    not certify (RTA at bookmarks' shape: bound 1.0 for most of a second pass's time): the steps go on to the end of
+    the budget (here: every epoch's pass) and the run reports no certificate, and why. Where they certify, the
+    reserve stands (the pass, no more)."""
+    from structtorch.solvers.bcfw import EnsembleOracle
+    from structtorch.strategies import certified
+
+    monkeypatch.setattr(certified, "out_of_time", lambda distributed=False, reserve=0.0: 500.0 < reserve)
+    monkeypatch.setattr(certified.BCFWStrategy, "certificate_seconds", lambda self: 1000.0)
+    assert _rta_fit(3, batch_size=20).strategy.rows_stepped == 60  # certified searches: the reserve after the pass
+    search = EnsembleOracle.__call__
+
+    def certifies_none(self, pot, exclude=None):
+        found = search(self, pot, exclude)
+        self.certified = 0
+        return found
+
+    monkeypatch.setattr(EnsembleOracle, "__call__", certifies_none)
+    strategy = _rta_fit(3, batch_size=20).strategy
+    assert strategy.rows_stepped == 180 and not strategy.reserved and strategy.certificate is None
+    report = strategy.report()
+    assert not report["converged"] and report["relative_gap"] is None and "certified none" in report["certificate"]
+
+
 def test_a_resumed_bcfw_run_remembers_whether_its_steps_made_their_first_pass():
     """The rows stepped travel in the checkpoint's solver state: a resumed run keeps the certificate's time in
     reserve as the run it continues would (checkpoints written before they did: as after a pass)."""

@@ -327,12 +327,32 @@ class BCFWStrategy(Certified):
         have made one pass over the training set: before that pass the budget goes to the steps, for the rows a
         step has not yet reached hold their start, and a certificate of those weights says only how far they are
         (RTA at bookmarks' shape on a loaded machine stopped after 2 of 865 batches to keep the pass's time, and
-        predicted its start's 73% subset accuracy, not the 97% of a run that steps)."""
+        predicted its start's 73% subset accuracy, not the 97% of a run that steps). Nor where it could not certify
+        (``uncertifiable``): the run then ends without one, saying why."""
         keep = self.rows_stepped >= len(self.x) and self.certificate_fits()
         if out_of_time(reserve=self.certificate_seconds() if keep else 0.0):
+            if keep and (why := self.uncertifiable()) is not None:  # no time kept for it: the steps have the budget
+                self.unfit = why
+                return self.may_step()
             self.reserved = keep
             return False
         return True
+
+    def uncertifiable(self) -> str | None:
+        """Why a closing certificate could not certify, where the steps' searches (K-best, counted) of this epoch, or
+        of the last epoch that searched, certified none of their rows by Lemma 7: its pass takes those searches (or
+        longer ones, which at that many labels rarely certify either), each uncertified row adds its bound's slack
+        to the gap, and the gap ends far above model.tol (RTA at bookmarks' shape: 0% certified, bound 1.0, for
+        most of a second pass's time). None where they certified some or do not count (exact searches)."""
+        oracle = self.solver.step_oracle
+        if not hasattr(oracle, "stats"):
+            return None
+        name = "train" if oracle is self.solver.oracle else "steps"
+        last = oracle.stats() | {"searches": oracle.searches} if oracle.searches else self.search_stats.get(name)
+        if last is None or last["certified"] > 0:
+            return None
+        return (f"not computed: the steps' searches certified none of their {last['searches']} rows in an epoch "
+                f"(Lemma 7), so its pass could not certify; the steps had the rest of trainer.time_budget")
 
     def bcfw_step(self, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor) -> StepInfo:
         """One BCFW step on x [B, D], labels [B, n'] as the energy holds them (``energy_labels``), index [B], timed
