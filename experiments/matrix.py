@@ -137,8 +137,10 @@ def structtorch_cells(metrics: dict) -> dict:
     """Scores (%), training seconds and the certificate of a run's metrics.json."""
     solver = metrics.get("solver", {})
     gap, done = solver.get("relative_gap"), solver.get("converged")
-    if solver.get("certificate"):  # none: it would not have fit the time budget
-        certificate = "NOT certified (no certificate: past the time budget)"
+    if solver.get("certificate"):  # none: it would not have fit the time budget, or could not certify
+        could_not = "could not certify" in solver["certificate"]  # BCFWStrategy.uncertifiable
+        certificate = ("NOT certified (no certificate: the steps' searches certified no row)" if could_not else
+                       "NOT certified (no certificate: past the time budget)")
     elif gap is None:  # CCCP (CRANK, Project): non-convex, no duality gap; its stopping rule
         certificate = "stationary (no gap)" if done else "NOT stationary"
         refit = solver.get("refit")  # searched on a row subset; its forest retrained on every row

@@ -351,8 +351,8 @@ class BCFWStrategy(Certified):
         last = oracle.stats() | {"searches": oracle.searches} if oracle.searches else self.search_stats.get(name)
         if last is None or last["certified"] > 0:
             return None
-        return (f"not computed: the steps' searches certified none of their {last['searches']} rows in an epoch "
-                f"(Lemma 7), so its pass could not certify; the steps had the rest of trainer.time_budget")
+        return (f"not computed: none of the steps' {last['searches']} searches in an epoch was certified (Lemma 7), "
+                f"so its pass could not certify; the steps had the rest of trainer.time_budget")
 
     def bcfw_step(self, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor) -> StepInfo:
         """One BCFW step on x [B, D], labels [B, n'] as the energy holds them (``energy_labels``), index [B], timed
