@@ -251,8 +251,9 @@ def test_bcfw_keeps_the_closing_certificate_s_time_out_of_the_budget_after_one_p
 def test_bcfw_keeps_no_time_for_a_closing_certificate_whose_searches_certify_nothing(monkeypatch):
     """Where the steps' searches of the epoch certified none of their rows (Lemma 7), the closing certificate could
     not certify (RTA at bookmarks' shape: bound 1.0 for most of a second pass's time): the steps go on to the end of
-    the budget (here: every epoch's pass) and the run reports no certificate, and why. Where they certify, the
-    reserve stands (the pass, no more)."""
+    the budget (here: every epoch's pass) and the run reports no certificate, and why; nor is one computed where
+    the running estimate says it may certify. Where they certify, the reserve stands (the pass, no more)."""
+    from structtorch.solvers import BCFW
     from structtorch.solvers.bcfw import EnsembleOracle
     from structtorch.strategies import certified
 
@@ -271,6 +272,9 @@ def test_bcfw_keeps_no_time_for_a_closing_certificate_whose_searches_certify_not
     assert strategy.rows_stepped == 180 and not strategy.reserved and strategy.certificate is None
     report = strategy.report()
     assert not report["converged"] and report["relative_gap"] is None and "could not certify" in report["certificate"]
+    monkeypatch.setattr(BCFW, "should_certify", lambda self: True)
+    monkeypatch.setattr(BCFW, "duality_gap", lambda self, batches: pytest.fail("a certificate was computed"))
+    assert _rta_fit(3, batch_size=20).strategy.rows_stepped == 180
 
 
 def test_a_resumed_bcfw_run_remembers_whether_its_steps_made_their_first_pass():
