@@ -33,6 +33,7 @@ from tables import SCORES, markdown, merge_rows, read_rows, write_table
 
 from structtorch.data import fetch_mulan, mulan_datasets, read_mulan_labels
 from structtorch.data.download import mulan_files, uncached_mulan_files
+from structtorch.strategies.certified import COULD_NOT_CERTIFY
 
 MODELS = ["independent", "fixed_tree", "full", "crank", "greedy", "mst", "project", "rta", "mam", "tree_crf"]
 PEERS = ["sklearn BR-LinearSVC", "sklearn ECC"]
@@ -138,7 +139,7 @@ def structtorch_cells(metrics: dict) -> dict:
     solver = metrics.get("solver", {})
     gap, done = solver.get("relative_gap"), solver.get("converged")
     if solver.get("certificate"):  # none: it would not have fit the time budget, or could not certify
-        could_not = "could not certify" in solver["certificate"]  # BCFWStrategy.uncertifiable
+        could_not = COULD_NOT_CERTIFY in solver["certificate"]  # BCFWStrategy.uncertifiable's
         certificate = ("NOT certified (no certificate: the steps' searches certified no row)" if could_not else
                        "NOT certified (no certificate: past the time budget)")
     elif gap is None:  # CCCP (CRANK, Project): non-convex, no duality gap; its stopping rule

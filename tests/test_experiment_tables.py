@@ -61,3 +61,24 @@ def test_the_matrix_counts_labels_from_the_label_xml():
 
     cached_mulan("flags", "test")  # skips without the data cache
     assert label_count("flags") == 7
+
+
+def test_the_matrix_says_why_a_run_has_no_certificate():
+    """A run without a certificate says why in its matrix cell: its steps' searches certified none of their rows
+    (``BCFWStrategy.uncertifiable``'s reason, as the strategy writes it), or the pass would not fit the budget."""
+    import types
+
+    from matrix import structtorch_cells
+
+    from structtorch.solvers.bcfw import EnsembleOracle
+    from structtorch.strategies.certified import BCFWStrategy
+
+    oracle = EnsembleOracle(8, 32)
+    oracle.searches = 64  # none certified
+    strategy = types.SimpleNamespace(solver=types.SimpleNamespace(oracle=oracle, step_oracle=oracle), search_stats={})
+    strategy._counting_oracles = lambda: BCFWStrategy._counting_oracles(strategy)
+    metrics = {"test/hamming_acc": 0.9, "test/subset_acc": 0.5, "test/example_f1": 0.6, "train_seconds": 1.0}
+    for why, cell in ((BCFWStrategy.uncertifiable(strategy), "the steps' searches certified no row"),
+                      ("not computed: its pass over the training set would take about 900 s", "past the time budget")):
+        assert structtorch_cells(metrics | {"solver": {"certificate": why, "converged": False}})["gap"] == (
+            f"NOT certified (no certificate: {cell})")

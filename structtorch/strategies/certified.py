@@ -237,6 +237,11 @@ class DCDStrategy(Certified):
         return super().report() | {"passes": self.solver.epochs}  # DCD epochs ("epochs": the training epochs)
 
 
+#: the phrase of ``BCFWStrategy.uncertifiable``'s reason, by which a report's reader (experiments/matrix.py) tells it
+#: from a certificate that did not fit the time budget
+COULD_NOT_CERTIFY = "so its pass could not certify"
+
+
 class BCFWStrategy(Certified):
     """Block-coordinate Frank-Wolfe in the SSVM dual (the learner's ``bcfw_oracle``), one step per batch, from
     the learner's ``dual_start`` or w = 0 (a resumed run restores its weights and dual state); the exact gap
@@ -353,7 +358,7 @@ class BCFWStrategy(Certified):
         if last is None or last["certified"] > 0:
             return None
         return (f"not computed: none of the steps' {last['searches']} searches in an epoch was certified (Lemma 7), "
-                f"so its pass could not certify; the steps had the rest of trainer.time_budget")
+                f"{COULD_NOT_CERTIFY}; the steps had the rest of trainer.time_budget")
 
     def bcfw_step(self, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor) -> StepInfo:
         """One BCFW step on x [B, D], labels [B, n'] as the energy holds them (``energy_labels``), index [B], timed
