@@ -21,14 +21,14 @@ from benchutil import timeit, write_results
 
 from structtorch.energies import LocalLinearEnergy
 from structtorch.graph import Graph
+from structtorch.structure import random_spanning_trees
 
 
 def setup(rows: int, features: int, labels: int, inputs: int) -> tuple[LocalLinearEnergy, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     density = 0.006
     x = ((torch.rand(rows, features, generator=g) < density).float() - density) / density ** 0.5
-    parents = [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, labels)]
-    tree = Graph(labels, [(p, i + 1) for i, p in enumerate(parents)])
+    tree = Graph(labels, random_spanning_trees(labels, 1, g).edges[0])
     energy = LocalLinearEnergy(features, labels, inputs, 2, tree)
     energy.set_inputs([torch.randperm(features, generator=g)[:inputs].tolist() for _ in range(labels)])
     with torch.no_grad():

@@ -237,6 +237,11 @@ class DCDStrategy(Certified):
         return super().report() | {"passes": self.solver.epochs}  # DCD epochs ("epochs": the training epochs)
 
 
+def _counts(oracle: Any) -> dict[str, float]:
+    """A counting oracle's searches since its last reset: its ``stats`` and their number."""
+    return oracle.stats() | {"searches": oracle.searches}
+
+
 #: the phrase of ``BCFWStrategy.uncertifiable``'s reason, by which a report's reader (experiments/matrix.py) tells it
 #: from a certificate that did not fit the time budget
 COULD_NOT_CERTIFY = "so its pass could not certify"
@@ -308,8 +313,7 @@ class BCFWStrategy(Certified):
 
     def _record_searches(self) -> dict[str, dict[str, float]]:
         """``search_stats`` of the counting oracles that searched since the epoch started; returns those."""
-        done = {name: o.stats() | {"searches": o.searches} for name, o in self._counting_oracles().items()
-                if o.searches}
+        done = {name: _counts(o) for name, o in self._counting_oracles().items() if o.searches}
         self.search_stats |= done
         return done
 
@@ -354,7 +358,7 @@ class BCFWStrategy(Certified):
         name = next((k for k, counted in self._counting_oracles().items() if counted is oracle), None)
         if name is None:
             return None
-        last = oracle.stats() | {"searches": oracle.searches} if oracle.searches else self.search_stats.get(name)
+        last = _counts(oracle) if oracle.searches else self.search_stats.get(name)
         if last is None or last["certified"] > 0:
             return None
         return (f"not computed: none of the steps' {last['searches']} searches in an epoch was certified (Lemma 7), "
