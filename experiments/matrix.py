@@ -139,9 +139,9 @@ def structtorch_cells(metrics: dict) -> dict:
     solver = metrics.get("solver", {})
     gap, done = solver.get("relative_gap"), solver.get("converged")
     if solver.get("certificate"):  # none: it would not have fit the time budget, or could not certify
-        could_not = COULD_NOT_CERTIFY in solver["certificate"]  # BCFWStrategy.uncertifiable's
-        certificate = ("NOT certified (no certificate: the steps' searches certified no row)" if could_not else
-                       "NOT certified (no certificate: past the time budget)")
+        why = ("the steps' searches certified no row" if COULD_NOT_CERTIFY in solver["certificate"]  # uncertifiable's
+               else "past the time budget")
+        certificate = f"NOT certified (no certificate: {why})"
     elif gap is None:  # CCCP (CRANK, Project): non-convex, no duality gap; its stopping rule
         certificate = "stationary (no gap)" if done else "NOT stationary"
         refit = solver.get("refit")  # searched on a row subset; its forest retrained on every row
