@@ -1,4 +1,5 @@
-"""``LocalLinearEnergy`` on its inputs as loaded (row-major) vs as a solver stores them (``stored_inputs``).
+"""``LocalLinearEnergy`` on its inputs as loaded (row-major), column-major, and as a solver stores them
+(``stored_inputs``).
 
     python scripts/bench_local_linear.py [--rows 55349] [--features 2150] [--labels 208] [--inputs 10]
                                          [--repeats 3] [--out scripts/results/bench_local_linear.json]
@@ -6,9 +7,12 @@
 The energy is TreeCRF's (every unary on all D columns, each edge on its labels' 2k input columns) on a random tree,
 in float32, on sparse standardised rows (0.6% nonzeros; bookmarks' training shape by default). Each side times the
 same work, the forward pass over all rows and the backward of a scalar of the potentials (best of --repeats after a
-warm-up), on the same values: x as the data module gives it (row-major) and ``energy.stored_inputs(x)``
-(column-major, what ``SmoothedHinge`` holds for the whole fit). The layout copy is made once per solve and timed
-apart (``stored_copy_s``). Ratio: row-major / stored (> 1: the stored layout is faster).
+warm-up), on the same values: x as the data module gives it (row-major), x column-major (what ``stored_inputs``
+returned until rows sparse up to a constant row were stored as ``SparseInputs``: the edges' columns are gathered
+from contiguous rows), and ``energy.stored_inputs(x)`` (here ``SparseInputs`` holding that column-major copy: the
+unary product through the nonzeros, what ``SmoothedHinge`` holds for the whole fit). Storing is done once per solve
+and timed apart (``stored_copy_s``). Ratios: row-major / stored and column-major / stored (> 1: the stored rows are
+faster).
 """
 
 from __future__ import annotations
@@ -56,15 +60,17 @@ def main() -> None:
     stored = energy.stored_inputs(x)
     copy_s = time.perf_counter() - start
     cpu = torch.device("cpu")
-    sides = {"row-major": x, "stored": stored}
+    sides = {"row-major": x, "column-major": x.T.contiguous().T, "stored": stored}
     rows = [{"side": side, "forward_backward_s": timeit(lambda v=v: forward_backward(energy, v), cpu, args.repeats)}
             for side, v in sides.items()]
-    ratio = rows[0]["forward_backward_s"] / rows[1]["forward_backward_s"]
+    times = {row["side"]: row["forward_backward_s"] for row in rows}
+    ratios = {f"{side} / stored": times[side] / times["stored"] for side in ("row-major", "column-major")}
     for row in rows:
-        print(f"{row['side']:>10}: forward + backward {row['forward_backward_s']:.3f} s")
-    print(f"row-major / stored: {ratio:.2f}x; the stored layout's copy (once per solve): {copy_s:.3f} s")
+        print(f"{row['side']:>12}: forward + backward {row['forward_backward_s']:.3f} s")
+    print("; ".join(f"{name}: {r:.2f}x" for name, r in ratios.items()) + f"; stored as {type(stored).__name__} "
+          f"(once per solve): {copy_s:.3f} s")
     shape = {"N": args.rows, "D": args.features, "n": args.labels, "k": args.inputs, "repeats": args.repeats}
-    write_results(args.out, rows, cpu, ratio=ratio, stored_copy_s=copy_s, **shape)
+    write_results(args.out, rows, cpu, ratios=ratios, stored=type(stored).__name__, stored_copy_s=copy_s, **shape)
 
 
 if __name__ == "__main__":

@@ -258,9 +258,10 @@ def test_dualcd_steps_through_the_nonzeros_of_sparse_rows(monkeypatch):
 
 @pytest.mark.parametrize("block", [7, 100, 2**22])  # row and column blocks of every size, one block
 def test_sparse_rows_are_the_same_block_by_block(monkeypatch, block):
-    """``SparseRows.of`` reads x in blocks of ``BLOCK_ELEMENTS`` (no [N, D] temporary beside x): the same rows,
-    column values c, nonzeros and norms whatever the block, as z = x - c taken whole."""
+    """``SparseRows.of`` reads x in blocks of ``BLOCK_ELEMENTS`` (``inputs.sparse_rows``: no [N, D] temporary beside
+    x): the same rows, column values c, nonzeros and norms whatever the block, as z = x - c taken whole."""
     x = sparse_problem(90, 33, 4, seed=5)[0]
+    monkeypatch.setattr("structtorch.inputs.BLOCK_ELEMENTS", block)
     monkeypatch.setattr("structtorch.solvers.dcd.BLOCK_ELEMENTS", block)
     rows = SparseRows.of(x)
     c = x.mode(0).values

@@ -30,7 +30,8 @@ class Energy(nn.Module):
 
     def stored_inputs(self, x: torch.Tensor) -> torch.Tensor:
         """The inputs x [N, D] laid out for this energy's repeated forward passes over row slices of them (a
-        solver that holds its training set for the whole fit stores them so, once): x itself by default."""
+        solver that holds its training set for the whole fit stores them so, once): x itself by default; the linear
+        energies' may be ``inputs.SparseInputs`` (products through the nonzeros of sparse rows)."""
         return x
 
     def label_bias(self) -> torch.Tensor | None:

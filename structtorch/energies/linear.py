@@ -12,12 +12,15 @@ import math
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ..graph import Graph, check_bool, check_float, check_int
+from ..inputs import SparseInputs
 from ..potentials import Potentials
 from .base import Energy
 
-__all__ = ["BatchedLinear", "FinleyJoachimsEnergy", "LinearTableEnergy", "as_graph", "check_num_models", "feature_gram"]
+__all__ = ["BatchedLinear", "FinleyJoachimsEnergy", "LinearTableEnergy", "affine", "as_graph", "check_num_models",
+           "feature_gram"]
 
 
 def as_graph(graph: Graph | None, num_labels: int) -> Graph:
@@ -29,6 +32,18 @@ def check_num_models(num_models: int | None) -> None:
     """ValueError unless ``num_models`` (the leading model dim M of a batched energy) is None or an int >= 1."""
     if num_models is not None:
         check_int(num_models, "num_models", 1, expected="None or a positive int")
+
+
+def affine(x: torch.Tensor | SparseInputs, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x w^T + b [(M,) B, out] of rows x [B, D] (a tensor, or ``SparseInputs``: through their nonzeros), weight
+    [(M,) out, D] and bias [(M,) out] (or None)."""
+    if isinstance(x, SparseInputs):
+        out = x.linear(weight)
+    elif weight.dim() == 2:
+        return F.linear(x, weight, bias)
+    else:
+        out = torch.einsum("mod,bd->mbo", weight, x)
+    return out if bias is None else out + bias.unsqueeze(-2)
 
 
 class BatchedLinear(nn.Module):
@@ -48,9 +63,8 @@ class BatchedLinear(nn.Module):
             for p in self.parameters():
                 nn.init.uniform_(p, -bound, bound)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.einsum("mod,bd->mbo", self.weight, x)
-        return out if self.bias is None else out + self.bias[:, None]
+    def forward(self, x: torch.Tensor | SparseInputs) -> torch.Tensor:
+        return affine(x, self.weight, self.bias)
 
 
 def feature_gram(x: torch.Tensor, bias_scale: float | None) -> torch.Tensor:
@@ -100,8 +114,14 @@ class FinleyJoachimsEnergy(Energy):
         table = [[1.0, -1.0], [-1.0, 1.0]] if spin else [[0.0, 0.0], [0.0, 1.0]]
         self.register_buffer("pair_table", torch.tensor(table), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> Potentials:
-        s1 = self.unary(x)  # [(M,) B, n]
+    def stored_inputs(self, x: torch.Tensor | SparseInputs) -> torch.Tensor | SparseInputs:
+        """x [N, D] as ``SparseInputs`` where they are sparse up to a constant row (``SPARSE_PRODUCT_DENSITY``; a
+        standardised sparse feature matrix), whose products go through the nonzeros; else x."""
+        sparse = None if isinstance(x, SparseInputs) else SparseInputs.of(x)
+        return x if sparse is None else sparse
+
+    def forward(self, x: torch.Tensor | SparseInputs) -> Potentials:
+        s1 = affine(x, self.unary.weight, self.unary.bias)  # [(M,) B, n]
         unary = torch.stack([torch.zeros_like(s1), s1], -1)
         w = self.edge_weight * self.edge_mask  # [(M,) E]
         pair = w[..., None, None] * self.pair_table

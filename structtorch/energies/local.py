@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..graph import Graph
+from ..inputs import SparseInputs
 from ..potentials import Potentials
 from .base import Energy
 from .linear import as_graph, check_num_models
@@ -72,21 +73,35 @@ class LocalLinearEnergy(Energy):
         pairs = pair_inputs(inputs, self.graph.edges)
         self.pair_inputs.copy_(pad_subsets(pairs, self.num_features, 2 * k))
 
-    def stored_inputs(self, x: torch.Tensor) -> torch.Tensor:
+    def stored_inputs(self, x: torch.Tensor | SparseInputs) -> torch.Tensor | SparseInputs:
         """x [N, D] in column-major order (a copy, unless it is already): a column's rows are then contiguous and
         the forward pass gathers the input columns of a row slice without transposing it (at bookmarks' shape,
-        55,349 x 2,150, that transposed copy took 0.7 s of each 4.1 s L-BFGS step)."""
-        return x.T.contiguous().T
+        55,349 x 2,150, that transposed copy took 0.7 s of each 4.1 s L-BFGS step). With unary factors on all
+        inputs and rows sparse up to a constant row, ``SparseInputs`` holding that copy as ``dense``: the unary
+        product goes through the nonzeros."""
+        if isinstance(x, SparseInputs):
+            return x
+        x = x.T.contiguous().T
+        sparse = None if self.local_unary else SparseInputs.of(x, keep_dense=True)
+        return x if sparse is None else sparse
 
-    def forward(self, x: torch.Tensor) -> Potentials:
+    def forward(self, x: torch.Tensor | SparseInputs) -> Potentials:
         M = self.num_models
-        pair = _local_linear(x.T, self.pair_inputs, self.pair_weight, M)
+        if isinstance(x, SparseInputs) and x.dense is None:
+            raise ValueError("LocalLinearEnergy gathers its edges' input columns from the rows themselves: give it "
+                             "SparseInputs that keep them (SparseInputs.of(x, keep_dense=True), or stored_inputs(x))")
+        rows = x.dense if isinstance(x, SparseInputs) else x
+        pair = _local_linear(rows.T, self.pair_inputs, self.pair_weight, M)
         if self.local_unary:
-            unary = _local_linear(x.T, self.unary_inputs, self.unary_weight, M)
+            unary = _local_linear(rows.T, self.unary_inputs, self.unary_weight, M)
+        elif isinstance(x, SparseInputs):  # every unary on all D columns, through the rows' nonzeros
+            n, D, K = self.unary_weight.shape[-3:]
+            weight = self.unary_weight.movedim(-1, -2).reshape(*self.unary_weight.shape[:-3], n * K, D)
+            unary = x.linear(weight).unflatten(-1, (n, K))  # [(M,) B, n, K]
         else:  # every unary on all D columns: one matmul of x, not a copy of x per label
             unary = torch.einsum("bp,npk->bnk" if M is None else "bp,mnpk->mbnk", x, self.unary_weight)
-        rows = () if M is None else (slice(None), None)  # the biases [(M,) R, *T] broadcast over the B rows
-        return Potentials(unary + self.unary_bias[rows], pair + self.pair_bias[rows], self.graph)
+        shared = () if M is None else (slice(None), None)  # the biases [(M,) R, *T] broadcast over the B rows
+        return Potentials(unary + self.unary_bias[shared], pair + self.pair_bias[shared], self.graph)
 
     def restrict(self, mask: torch.Tensor) -> None:
         """Keep the edges where ``mask`` [E] is True, with their weights and input columns."""

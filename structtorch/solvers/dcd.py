@@ -26,13 +26,13 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import warnings
 from dataclasses import dataclass
 
 import torch
 
 from ..energies import FinleyJoachimsEnergy
 from ..graph import Graph
+from ..inputs import BLOCK_ELEMENTS, csr, csr_transpose, sparse_rows
 from ..progress import out_of_time, tick
 from .bcfw import check_lam, check_mask
 from .certificate import GapInfo, certificate
@@ -47,8 +47,6 @@ MAX_EPOCHS = 1000
 #: through the nonzeros only. An epoch on one thread, dense / sparse kernel: tmc2007 (4.3%) 8.7x faster sparse, flags
 #: (19%) 1.2x, birds (56%) 1.2x, scene (98%) 0.7x; 0.25 keeps the sparse kernel to where it clearly wins
 SPARSE_DENSITY = 0.25
-#: elements of x a block of ``SparseRows.of`` reads at once (rows for z, columns for their modes): 32 MB of float64
-BLOCK_ELEMENTS = 2**22
 
 
 class DualCD:
@@ -248,29 +246,16 @@ class SparseRows:
 
     @staticmethod
     def of(x: torch.Tensor) -> SparseRows | None:
-        """x [N, D] float64 as ``SparseRows``, or None where more than ``SPARSE_DENSITY`` of z's entries are
-        nonzero (the dense kernel is then faster). Block by block (``BLOCK_ELEMENTS``): no [N, D] temporary beside x
-        (at bookmarks' shape, 55,349 x 2,151, x's column modes and z took 2.3 GB more at once)."""
-        N, D = x.shape
-        width, height = max(1, BLOCK_ELEMENTS // N), max(1, BLOCK_ELEMENTS // D)
-        c = torch.cat([x[:, j:j + width].mode(0).values for j in range(0, D, width)])
-        starts = range(0, N, height)
-        if sum(int((x[i:i + height] != c).sum()) for i in starts) > SPARSE_DENSITY * x.numel():
+        """x [N, D] float64 as ``SparseRows`` (``sparse_rows``: block by block, no [N, D] temporary beside x), or
+        None where more than ``SPARSE_DENSITY`` of z's entries are nonzero (the dense kernel is then faster)."""
+        parts = sparse_rows(x, SPARSE_DENSITY)
+        if parts is None:
             return None
-        at, values, q = [], [], []
-        for i in starts:
-            z = x[i:i + height] - c
-            nonzero = z.nonzero()  # [nnz of the block, 2], row by row
-            values.append(z[nonzero[:, 0], nonzero[:, 1]])
-            at.append(nonzero + torch.tensor([i, 0]))
-            q.append(x[i:i + height].pow(2).sum(1))
-        at, values, q = torch.cat(at), torch.cat(values), torch.cat(q)
-        indptr = torch.cat([at.new_zeros(1), torch.bincount(at[:, 0], minlength=N).cumsum(0)])
-        with warnings.catch_warnings():  # CSR tensors are "in beta"; their products are 4x faster than COO's here
-            warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
-            sparse = torch.sparse_coo_tensor(at.T, values, (N, D), check_invariants=True).coalesce()
-            return SparseRows(indptr, at[:, 1].contiguous(), values, c.contiguous(), q,
-                              sparse.to_sparse_csr(), sparse.t().coalesce().to_sparse_csr())
+        indptr, indices, values, c = parts
+        height = max(1, BLOCK_ELEMENTS // x.shape[1])
+        q = torch.cat([x[i:i + height].pow(2).sum(1) for i in range(0, len(x), height)])
+        z = csr(indptr, indices, values, tuple(x.shape))
+        return SparseRows(indptr, indices, values, c, q, z, csr_transpose(z))
 
     def weights_and_margins(self, coef: torch.Tensor, D: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(w [M, n, D'] = coef x, margins [M, N, n] = x[:, :D] w[..., :D]^T) of coef [M, n, N] (D' = D + 1 with
