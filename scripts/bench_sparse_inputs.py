@@ -18,6 +18,10 @@ parameters, in the precision L-BFGS takes there (``lbfgs_dtype``): the solver bu
 (``SPARSE_PRODUCT_DENSITY`` set to 0) and on the same rows as the energy stores them now. The objectives agree to
 float rounding (``max_rel_diff``). Storing the rows, once per solve, is timed apart (``store_s``). Ratio:
 dense / sparse (> 1: the sparse rows are faster).
+
+``products``: the unary product alone, x w^T and its gradient in w (w [983, 500], 4,300 rows: one chunk of
+delicious' rows) at densities of z around ``SPARSE_PRODUCT_DENSITY``, dense against ``SparseInputs.linear``: where
+the sparse product stops paying.
 """
 
 from __future__ import annotations
@@ -87,6 +91,26 @@ def evaluation(s: SmoothedLBFGS) -> float:
     return float(value.sum())
 
 
+def products(densities: tuple[float, ...], repeats: int) -> list[dict]:
+    """The unary product's forward and backward, dense rows against ``SparseInputs``, at each density of z."""
+    g, rows = torch.Generator().manual_seed(2), []
+    for density in densities:
+        x = (torch.rand(4300, 500, generator=g) < density).float()
+        x = (x - x.mean(0)) / x.std(0).clamp(min=1e-8)
+        sparse = inputs.SparseInputs(*inputs.sparse_rows(x, 1.0))
+        w = torch.randn(983, 500, generator=g, requires_grad=True)
+        grad = torch.randn(4300, 983, generator=g)
+        sides = {"dense": lambda: x @ w.T, "sparse": lambda: sparse.linear(w)}
+        times = {side: timeit(lambda f=f: torch.autograd.grad(f(), w, grad), torch.device("cpu"), repeats)
+                 for side, f in sides.items()}
+        row = {"density": density, **{f"{side}_s": t for side, t in times.items()},
+               "ratio": times["dense"] / times["sparse"]}
+        rows.append(row)
+        print(f"product at {density:.1%} nonzeros: dense {row['dense_s']:.3f} s, sparse {row['sparse_s']:.3f} s "
+              f"(dense / sparse {row['ratio']:.2f}x)")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
@@ -110,7 +134,9 @@ def main() -> None:
             print(f"{shape:>10} {name:>10}: dense {row['dense_s']:.3f} s, sparse {row['sparse_s']:.3f} s "
                   f"(dense / sparse {row['ratio']:.2f}x; stored in {row['dense_store_s']:.2f} / "
                   f"{row['sparse_store_s']:.2f} s; objectives' relative difference {row['max_rel_diff']:.1e})")
-    write_results(args.out, rows, cpu, repeats=args.repeats, shapes={s: SHAPES[s] for s in args.shapes})
+    sweep = products((0.02, 0.037, 0.05, 0.08, 0.1, 0.2), args.repeats)
+    write_results(args.out, rows, cpu, sections={"products": sweep}, repeats=args.repeats,
+                  shapes={s: SHAPES[s] for s in args.shapes})
 
 
 if __name__ == "__main__":

@@ -102,8 +102,8 @@ class Standardizer:
 #: more at once)
 BLOCK_ELEMENTS = 2**22
 #: the share of nonzeros of z up to which a linear energy's stored training rows are ``SparseInputs``. x w^T and
-#: its gradient through z against the dense product (``scripts/bench_sparse_inputs.py``, one thread, float32): 3.2x
-#: faster at delicious' 3.7%, 0.8x at 10%, 0.35x at 20%
+#: its gradient through z against the dense product (``scripts/bench_sparse_inputs.py``'s products, float32, 2
+#: threads): 2.9x faster at delicious' 3.7%, 2.35x at 5%, 1.3x at 10%, 0.6x at 20% (on one thread 0.8x at 10%)
 SPARSE_PRODUCT_DENSITY = 0.05
 
 
@@ -222,6 +222,11 @@ class SparseInputs:
         """x w^T [(M,) B, out] of weight [(M,) out, D], through z's nonzeros: z w^T + w c (differentiable in w)."""
         z, zt = self.tensors()
         return _SparseLinear.apply(weight, z, zt, self.c)
+
+    def linear_tables(self, weight: torch.Tensor) -> torch.Tensor:
+        """x w [..., B, n, K] of per-label tables of weights [..., n, D, K] (``linear`` of their [..., n K, D] copy)."""
+        *lead, n, D, K = weight.shape
+        return self.linear(weight.movedim(-1, -2).reshape(*lead, n * K, D)).unflatten(-1, (n, K))
 
 
 class _SparseLinear(torch.autograd.Function):

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from structtorch import inputs
 from structtorch.energies import FinleyJoachimsEnergy, LocalLinearEnergy
+from structtorch.estimation import select_inputs
 from structtorch.graph import Graph
 from structtorch.inputs import SparseInputs
 from structtorch.solvers import SmoothedLBFGS
@@ -129,3 +130,14 @@ def test_certified_lbfgs_on_sparse_rows_reaches_the_dense_rows_optimum(monkeypat
         assert bool(info.converged.all()) and float(info.gap.min()) >= 0.0
         results[side] = float(info.primal)
     assert results["sparse"] == pytest.approx(results["dense"], rel=2e-4)  # both within 1e-4 of the optimum
+
+
+def test_l1_input_selection_through_the_nonzeros_chooses_the_dense_rows_inputs(monkeypatch):
+    """``select_inputs`` (TreeCRF's input mapping by l1 logistic regressions) steps through the standardised rows'
+    nonzeros where they are sparse, and ranks the same columns as on the dense rows."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(300, 400, generator=g) < 0.02).float()
+    y = ((x @ torch.randn(400, 6, generator=g)) > 0.5).long()
+    sparse = select_inputs(x, y, 4)
+    monkeypatch.setattr(inputs, "SPARSE_PRODUCT_DENSITY", 0.0)
+    assert select_inputs(x, y, 4) == sparse

@@ -95,9 +95,7 @@ class LocalLinearEnergy(Energy):
         if self.local_unary:
             unary = _local_linear(rows.T, self.unary_inputs, self.unary_weight, M)
         elif isinstance(x, SparseInputs):  # every unary on all D columns, through the rows' nonzeros
-            n, D, K = self.unary_weight.shape[-3:]
-            weight = self.unary_weight.movedim(-1, -2).reshape(*self.unary_weight.shape[:-3], n * K, D)
-            unary = x.linear(weight).unflatten(-1, (n, K))  # [(M,) B, n, K]
+            unary = x.linear_tables(self.unary_weight)  # [(M,) B, n, K]
         else:  # every unary on all D columns: one matmul of x, not a copy of x per label
             unary = torch.einsum("bp,npk->bnk" if M is None else "bp,mnpk->mbnk", x, self.unary_weight)
         shared = () if M is None else (slice(None), None)  # the biases [(M,) R, *T] broadcast over the B rows
