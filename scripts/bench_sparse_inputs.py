@@ -16,8 +16,8 @@ Two energies on a random spanning tree: FixedTree's (``FinleyJoachimsEnergy``, t
 ``SmoothedLBFGS``'s objective and its gradient over every row (best of --repeats after a warm-up), at the same
 parameters, in the precision L-BFGS takes there (``lbfgs_dtype``): the solver built on the dense rows as before
 (``SPARSE_PRODUCT_DENSITY`` set to 0) and on the same rows as the energy stores them now. The objectives agree to
-float rounding (``max_rel_diff``). Storing the rows, once per solve, is timed apart (``store_s``). Ratio:
-dense / sparse (> 1: the sparse rows are faster).
+float rounding (``max_rel_diff``). Building each solver (which stores its rows, once per solve) is timed apart
+(``store_s``). Ratio: dense / sparse (> 1: the sparse rows are faster).
 
 ``products``: the unary product alone, x w^T and its gradient in w (w [983, 500], 4,300 rows: one chunk of
 delicious' rows) at densities of z around ``SPARSE_PRODUCT_DENSITY``, dense against ``SparseInputs.linear``: where
@@ -88,7 +88,7 @@ def evaluation(s: SmoothedLBFGS) -> float:
     terms = s.objective()
     value = terms if torch.is_tensor(terms) else sum(terms)
     value.sum().backward()
-    return float(value.sum())
+    return float(value.detach().sum())
 
 
 def products(densities: tuple[float, ...], repeats: int) -> list[dict]:
