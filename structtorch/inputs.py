@@ -173,6 +173,13 @@ class SparseInputs:
         parts = sparse_rows(x, SPARSE_PRODUCT_DENSITY)
         return None if parts is None else cls(*parts, dense=x if keep_dense else None)
 
+    @classmethod
+    def stored(cls, x: torch.Tensor | SparseInputs, keep_dense: bool = False) -> torch.Tensor | SparseInputs:
+        """x [N, D] as ``SparseInputs`` where ``of`` keeps it so, else x itself (``SparseInputs`` as they are): what
+        a linear energy's ``stored_inputs`` returns."""
+        sparse = None if isinstance(x, SparseInputs) else cls.of(x, keep_dense)
+        return x if sparse is None else sparse
+
     def __len__(self) -> int:
         return self.rows[1] - self.rows[0]
 
@@ -238,7 +245,7 @@ class _SparseLinear(torch.autograd.Function):
         ctx.save_for_backward(zt, c)
         ctx.weight_shape = weight.shape
         w = weight.reshape(-1, weight.shape[-1])  # [P, D]
-        out = z @ w.T.contiguous() + w @ c  # [B, P]
+        out = z @ w.T + w @ c  # [B, P]
         return out.view(z.shape[0], *weight.shape[:-1]).movedim(0, -2)
 
     @staticmethod

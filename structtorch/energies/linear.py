@@ -117,8 +117,7 @@ class FinleyJoachimsEnergy(Energy):
     def stored_inputs(self, x: torch.Tensor | SparseInputs) -> torch.Tensor | SparseInputs:
         """x [N, D] as ``SparseInputs`` where they are sparse up to a constant row (``SPARSE_PRODUCT_DENSITY``; a
         standardised sparse feature matrix), whose products go through the nonzeros; else x."""
-        sparse = None if isinstance(x, SparseInputs) else SparseInputs.of(x)
-        return x if sparse is None else sparse
+        return SparseInputs.stored(x)
 
     def forward(self, x: torch.Tensor | SparseInputs) -> Potentials:
         s1 = affine(x, self.unary.weight, self.unary.bias)  # [(M,) B, n]

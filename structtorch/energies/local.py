@@ -82,8 +82,7 @@ class LocalLinearEnergy(Energy):
         if isinstance(x, SparseInputs):
             return x
         x = x.T.contiguous().T
-        sparse = None if self.local_unary else SparseInputs.of(x, keep_dense=True)
-        return x if sparse is None else sparse
+        return x if self.local_unary else SparseInputs.stored(x, keep_dense=True)
 
     def forward(self, x: torch.Tensor | SparseInputs) -> Potentials:
         M = self.num_models
