@@ -163,6 +163,42 @@ def test_default_solver_is_certified_and_stops_by_itself(kind, solver, dm):
     assert metrics["test/hamming_acc"] >= majority_hamming(dm.test_tensors[1]) + 0.10, metrics
 
 
+def test_a_float32_lbfgs_fit_goes_on_in_float64_near_its_certificate(dm, monkeypatch):
+    """Above ``FLOAT32_ABOVE`` potential entries (here every problem) L-BFGS starts in float32; once its relative gap
+    is within ``FLOAT64_WITHIN`` times tol it goes on in float64 from where it is (its iterations, temperature and
+    certificates' best points kept), and certifies at the float64 fit's optimum, its dual never above its primal."""
+    from structtorch.strategies import certified
+
+    monkeypatch.setattr(certified, "FLOAT32_ABOVE", 0)
+    switches, finish = [], certified.LBFGSStrategy.finish_in_float64
+
+    def spy(self):
+        before = self.solver
+        finish(self)
+        if self.solver is not before:
+            after = self.solver  # at the switch: the float32 fit's progress, carried over
+            assert after.iterations == before.iterations and torch.equal(after.eps, before.eps.double())
+            assert after.mixed is before.mixed and torch.equal(after.best.dual, before.best.dual)
+            switches.append((before.params[0].dtype, before.iterations, before.eps.clone(), before.best.dual))
+
+    monkeypatch.setattr(certified.LBFGSStrategy, "finish_in_float64", spy)
+    L.seed_everything(0, verbose=False)
+    model = learner("true_tree", dm, solver="auto", l2=0.01, solver_iters=5, independent_start=False)
+    fit_and_test(model, dm, epochs=500)
+    report, solver = model.solver_report(), model.strategy.solver
+    assert report["converged"] and 0 <= report["relative_gap"] <= 1e-3 and report["dual"] <= report["primal"]
+    assert len(switches) == 1 and switches[0][0] == torch.float32 and solver.params[0].dtype == torch.float64
+    dtype, iterations, eps, dual = switches[0]
+    assert solver.iterations > iterations and bool((solver.eps <= eps.double()).all())
+    assert bool((solver.best.dual >= dual).all())  # the float32 certificates' dual kept
+    monkeypatch.setattr(certified, "FLOAT32_ABOVE", 1 << 40)
+    L.seed_everything(0, verbose=False)
+    plain = learner("true_tree", dm, solver="auto", l2=0.01, solver_iters=5, independent_start=False)
+    fit_and_test(plain, dm, epochs=500)
+    assert plain.strategy.solver.params[0].dtype == torch.float64
+    assert report["primal"] == pytest.approx(plain.solver_report()["primal"], rel=2e-3)
+
+
 def test_independent_falls_back_to_lbfgs_where_the_dcd_kernel_does_not_build(monkeypatch):
     from structtorch.learners import baselines
 

@@ -597,6 +597,21 @@ class SmoothedLBFGS(SmoothedHinge):
         self.last = certificate(info.primal, self.best.dual, self.tol, "lbfgs", self.params[0].dtype)
         return self.last
 
+    def take_progress(self, old: SmoothedLBFGS) -> None:
+        """Go on from ``old``, a fit of the same problem in another precision whose parameters the energy now holds
+        (``old.write_back()``): its temperatures, iteration count, last certificate, lowest certified primal (with
+        its parameters, cast) and mixed dual point (float64 in either: a lower bound whatever the precision), and
+        the warm-start messages of a smoothed max that keeps them (``LPSmoothedMax``). The L-BFGS memory starts
+        empty."""
+        dtype = self.params[0].dtype
+        self.eps = old.eps.to(self.eps)
+        self.iterations, self.last, self.smoothing, self.mixed = old.iterations, old.last, old.smoothing, old.mixed
+        if old.best is not None:
+            self.best = BestPoint(old.best.primal, old.best.dual, old.best.params.to(dtype))
+        messages = getattr(old.smoothed_max, "messages", None)
+        if messages is not None and hasattr(self.smoothed_max, "messages"):
+            self.smoothed_max.messages = messages.to(dtype)
+
     def moved_biases(self, bias: torch.Tensor, logits: torch.Tensor) -> DualPoint:
         """The dual point of the current parameters with the labels' biases ``bias`` [(M,) n] moved by
         ``label_bias_shift`` from the marginals' ``logits`` [M, N, n]; the parameters are left as they were. The
