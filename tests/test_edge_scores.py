@@ -275,9 +275,11 @@ def test_newton_step_in_sum_zero_coordinates_equals_the_full_newton_step(num_cla
     grad = torch.autograd.functional.jacobian(objective, theta)
     hess = torch.autograd.functional.hessian(objective, theta).reshape(theta.numel(), theta.numel())
     full = torch.linalg.lstsq(hess, grad.reshape(-1, 1)).solution.view_as(theta)  # H is block-diagonal over models
-    torch.testing.assert_close(step, full, rtol=1e-7, atol=1e-9)
+    # H's condition number is about 1e7 (the bias's penalty 1e-6), so the reference itself is only good to about
+    # 1e7 x 54 x float64's eps ~ 1e-7 relative: rtol 1e-7 failed on one entry of 54 in a fresh clone (2.4e-7)
+    torch.testing.assert_close(step, full, rtol=1e-6, atol=1e-9)
     torch.testing.assert_close(step.sum(-1), torch.zeros_like(step[..., 0]), rtol=0, atol=1e-10)
-    torch.testing.assert_close(decrement, 0.5 * (grad * full).sum((-1, -2)), rtol=1e-7, atol=1e-10)
+    torch.testing.assert_close(decrement, 0.5 * (grad * full).sum((-1, -2)), rtol=1e-6, atol=1e-10)
 
 
 def sklearn_cv(x: np.ndarray, t: np.ndarray, num_classes: int, lambdas: tuple[float, ...], fold: np.ndarray
