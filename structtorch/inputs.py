@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["BLOCK_ELEMENTS", "SPARSE_PRODUCT_DENSITY", "GridInputs", "SparseInputs", "Standardizer", "csr",
-           "csr_transpose", "sparse_rows"]
+           "csr_transpose", "linear_tables", "sparse_rows"]
 
 
 @dataclass
@@ -230,10 +230,15 @@ class SparseInputs:
         z, zt = self.tensors()
         return _SparseLinear.apply(weight, z, zt, self.c)
 
-    def linear_tables(self, weight: torch.Tensor) -> torch.Tensor:
-        """x w [..., B, n, K] of per-label tables of weights [..., n, D, K] (``linear`` of their [..., n K, D] copy)."""
-        *lead, n, D, K = weight.shape
-        return self.linear(weight.movedim(-1, -2).reshape(*lead, n * K, D)).unflatten(-1, (n, K))
+
+
+def linear_tables(x: torch.Tensor | SparseInputs, weight: torch.Tensor) -> torch.Tensor:
+    """x w [..., B, n, K] of rows x [B, D] (a tensor, or ``SparseInputs``: through their nonzeros, ``linear`` of the
+    weights' [..., n K, D] copy) and per-label tables of weights [..., n, D, K]."""
+    if not isinstance(x, SparseInputs):
+        return torch.einsum("bd,...ndk->...bnk", x, weight)
+    *lead, n, D, K = weight.shape
+    return x.linear(weight.movedim(-1, -2).reshape(*lead, n * K, D)).unflatten(-1, (n, K))
 
 
 class _SparseLinear(torch.autograd.Function):

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..graph import Graph
-from ..inputs import SparseInputs
+from ..inputs import SparseInputs, linear_tables
 from ..potentials import Potentials
 from .base import Energy
 from .linear import as_graph, check_num_models
@@ -93,10 +93,8 @@ class LocalLinearEnergy(Energy):
         pair = _local_linear(rows.T, self.pair_inputs, self.pair_weight, M)
         if self.local_unary:
             unary = _local_linear(rows.T, self.unary_inputs, self.unary_weight, M)
-        elif isinstance(x, SparseInputs):  # every unary on all D columns, through the rows' nonzeros
-            unary = x.linear_tables(self.unary_weight)  # [(M,) B, n, K]
-        else:  # every unary on all D columns: one matmul of x, not a copy of x per label
-            unary = torch.einsum("bp,npk->bnk" if M is None else "bp,mnpk->mbnk", x, self.unary_weight)
+        else:  # every unary on all D columns: one product of x (through the nonzeros of SparseInputs), not a copy
+            unary = linear_tables(x, self.unary_weight)  # [(M,) B, n, K]
         shared = () if M is None else (slice(None), None)  # the biases [(M,) R, *T] broadcast over the B rows
         return Potentials(unary + self.unary_bias[shared], pair + self.pair_bias[shared], self.graph)
 

@@ -25,7 +25,7 @@ import torch
 
 from ..folds import fold_assignment
 from ..graph import check_int
-from ..inputs import SparseInputs, Standardizer
+from ..inputs import SparseInputs, Standardizer, linear_tables
 from ..optim import BatchedLBFGS, backtrack
 from ..progress import tick
 from ..solvers.proximal import BatchedFISTA
@@ -321,7 +321,7 @@ def select_inputs(x: torch.Tensor, y: torch.Tensor, num_inputs: int = 10, streng
     """
     check_int(num_inputs, "num_inputs", 1)
     xs = Standardizer.fit(x, dtype=torch.float64).transform(x)
-    rows = SparseInputs.of(xs)  # sparse up to a constant row: the FISTA steps' products through the nonzeros
+    rows = SparseInputs.stored(xs)  # sparse up to a constant row: the FISTA steps' products through the nonzeros
     N, D = xs.shape
     n, K = y.shape[1], max(int(y.max()) + 1, 2)
     onehot = torch.nn.functional.one_hot(y.T, K).to(xs.dtype)  # [n, N, K]
@@ -331,10 +331,7 @@ def select_inputs(x: torch.Tensor, y: torch.Tensor, num_inputs: int = 10, streng
     b = prior.log()[:, 0].clone().requires_grad_()
 
     def smooth() -> torch.Tensor:
-        if rows is None:
-            logits = torch.einsum("nd,ldk->lnk", xs, W) + b[:, None]
-        else:
-            logits = rows.linear_tables(W).movedim(0, 1) + b[:, None]  # [n, N, K]
+        logits = linear_tables(rows, W).movedim(0, 1) + b[:, None]  # [n, N, K]
         return -(logits.log_softmax(-1) * onehot).sum((1, 2)) / N
 
     c = strength * grad0.amax(1)  # [n]
