@@ -103,7 +103,8 @@ class Standardizer:
 BLOCK_ELEMENTS = 2**22
 #: the share of nonzeros of z up to which a linear energy's stored training rows are ``SparseInputs``. x w^T and
 #: its gradient through z against the dense product (``scripts/bench_sparse_inputs.py``'s products, float32, 2
-#: threads): 2.9x faster at delicious' 3.7%, 2.35x at 5%, 1.3x at 10%, 0.6x at 20% (on one thread 0.8x at 10%)
+#: threads, two runs): 2.3-2.9x faster at delicious' 3.7%, 1.5-2.35x at 5%, 0.7-1.3x at 10%, 0.3-0.6x at 20% (on one
+#: thread 0.8x at 10%)
 SPARSE_PRODUCT_DENSITY = 0.05
 
 
@@ -155,29 +156,27 @@ class SparseInputs:
     most ``SPARSE_PRODUCT_DENSITY`` nonzero. Behaves like the rows where the solvers need it: ``len``, ``shape``,
     ``dim()``, ``dtype``, ``device``, ``.to(dtype / device)``, and row slices ``x[i:j]``, which share the arrays;
     a slice's CSR tensors of z and z^T are made on its first product and kept for the later ones (a solver reads
-    the same chunks of rows at every evaluation). ``dense``: the rows themselves [B, D] as well, or None (for an
-    energy that also gathers columns of them, ``LocalLinearEnergy``).
+    the same chunks of rows at every evaluation), as are those of z's columns gathered per factor (``gathered``).
     """
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, c: torch.Tensor,
-                 dense: torch.Tensor | None = None, rows: tuple[int, int] | None = None,
-                 cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
-        self.indptr, self.indices, self.values, self.c, self.dense = indptr, indices, values, c, dense
+                 rows: tuple[int, int] | None = None,
+                 cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        self.indptr, self.indices, self.values, self.c = indptr, indices, values, c
         self.rows = (0, len(indptr) - 1) if rows is None else rows
         self._cache = {} if cache is None else cache
 
     @classmethod
-    def of(cls, x: torch.Tensor, keep_dense: bool = False) -> SparseInputs | None:
-        """x [N, D] as ``SparseInputs`` (with ``keep_dense``, x itself as ``dense``), or None where z would hold
-        more than ``SPARSE_PRODUCT_DENSITY`` nonzeros."""
+    def of(cls, x: torch.Tensor) -> SparseInputs | None:
+        """x [N, D] as ``SparseInputs``, or None where z would hold more than ``SPARSE_PRODUCT_DENSITY`` nonzeros."""
         parts = sparse_rows(x, SPARSE_PRODUCT_DENSITY)
-        return None if parts is None else cls(*parts, dense=x if keep_dense else None)
+        return None if parts is None else cls(*parts)
 
     @classmethod
-    def stored(cls, x: torch.Tensor | SparseInputs, keep_dense: bool = False) -> torch.Tensor | SparseInputs:
+    def stored(cls, x: torch.Tensor | SparseInputs) -> torch.Tensor | SparseInputs:
         """x [N, D] as ``SparseInputs`` where ``of`` keeps it so, else x itself (``SparseInputs`` as they are): what
         a linear energy's ``stored_inputs`` returns."""
-        sparse = None if isinstance(x, SparseInputs) else cls.of(x, keep_dense)
+        sparse = None if isinstance(x, SparseInputs) else cls.of(x)
         return x if sparse is None else sparse
 
     def __len__(self) -> int:
@@ -203,9 +202,8 @@ class SparseInputs:
             raise TypeError(f"SparseInputs take row slices x[i:j] only, got {index!r}")
         start, stop, _ = index.indices(len(self))
         stop = max(start, stop)
-        dense = None if self.dense is None else self.dense[start:stop]
         rows = (self.rows[0] + start, self.rows[0] + stop)
-        return SparseInputs(self.indptr, self.indices, self.values, self.c, dense, rows, self._cache)
+        return SparseInputs(self.indptr, self.indices, self.values, self.c, rows, self._cache)
 
     def to(self, *args, **kwargs) -> SparseInputs:
         """The arrays ``.to(*args, **kwargs)`` (device and / or dtype; the indices keep theirs), the same rows."""
@@ -213,8 +211,7 @@ class SparseInputs:
         if values is self.values and c is self.c:
             return self
         device = c.device
-        dense = None if self.dense is None else self.dense.to(*args, **kwargs)
-        return SparseInputs(self.indptr.to(device), self.indices.to(device), values, c, dense, self.rows)
+        return SparseInputs(self.indptr.to(device), self.indices.to(device), values, c, self.rows)
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """z [B, D] and z^T [D, B] of these rows as sparse CSR tensors (made once, ``_cache``)."""
@@ -229,6 +226,35 @@ class SparseInputs:
         """x w^T [(M,) B, out] of weight [(M,) out, D], through z's nonzeros: z w^T + w c (differentiable in w)."""
         z, zt = self.tensors()
         return _SparseLinear.apply(weight, z, zt, self.c)
+
+    def gathered_linear(self, columns: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """sum_p weight[o, r, p] x[b, columns[r, p]] [B, R, O] of weight [O, R, P] (differentiable in it; a slot -1
+        of columns [R, P] counts as 0): z's gathered entries (``gathered``) times the weights, plus c's share."""
+        g, gt = self.gathered(columns)
+        O, (R, P) = weight.shape[0], columns.shape
+        out = _SparseLinear.apply(weight.reshape(O, R * P), g, gt, weight.new_zeros(R * P)).view(len(self), R, O)
+        c = torch.where(columns >= 0, self.c[columns.clamp(min=0)], 0).to(weight)  # [R, P]
+        return out + (weight * c).sum(-1).T if bool(c.any()) else out
+
+    def gathered(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """G [B R, R P] and G^T [R P, B R] as sparse CSR tensors: z's entries at ``columns`` [R, P] (-1: none) of
+        each of these rows, one row of G per (row b, factor r), G[(b, r), (r, p)] = z[b, columns[r, p]] (made
+        once per row slice and columns, ``_cache``). G^T's row (r, p) is z^T's row columns[r, p] with each row
+        index b moved to b R + r."""
+        key = (self.rows, tuple(columns.shape), hash(columns.cpu().numpy().tobytes()))
+        if key not in self._cache:
+            zt = self.tensors()[1]
+            crow, col, val = zt.crow_indices(), zt.col_indices(), zt.values()
+            (R, P), flat = columns.shape, columns.reshape(-1).to(crow.device)
+            start = crow[flat.clamp(min=0)]
+            length = torch.where(flat >= 0, crow[flat.clamp(min=0) + 1] - start, 0)  # [R P] entries of each slot
+            ends = length.cumsum(0)
+            total = int(ends[-1]) if len(ends) else 0
+            slot = torch.repeat_interleave(torch.arange(R * P, device=crow.device), length, output_size=total)
+            at = torch.arange(total, device=crow.device) - (ends - length)[slot] + start[slot]  # into z^T's arrays
+            gt = csr(torch.cat([ends.new_zeros(1), ends]), col[at] * R + slot // P, val[at], (R * P, len(self) * R))
+            self._cache[key] = csr_transpose(gt), gt
+        return self._cache[key]
 
 
 
@@ -249,7 +275,7 @@ class _SparseLinear(torch.autograd.Function):
     def forward(ctx, weight: torch.Tensor, z: torch.Tensor, zt: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(zt, c)
         ctx.weight_shape = weight.shape
-        w = weight.reshape(-1, weight.shape[-1])  # [P, D]
+        w = weight.reshape(math.prod(weight.shape[:-1]), weight.shape[-1])  # [P, D] (D = 0 too)
         out = z @ w.T + w @ c  # [B, P]
         return out.view(z.shape[0], *weight.shape[:-1]).movedim(0, -2)
 

@@ -52,6 +52,28 @@ def test_products_through_the_nonzeros_equal_the_dense_rows(N, D, models, seed, 
     assert rows[a:b].shape == x[a:b].shape and len(rows[a:b]) == len(x[a:b])
 
 
+@settings(**SETTINGS)
+@given(st.integers(1, 30), st.integers(1, 12), st.integers(0, 5), st.integers(1, 4), st.integers(1, 3),
+       st.integers(0, 2**31 - 1), st.integers(0, 30), st.integers(0, 30))
+def test_gathered_columns_through_the_nonzeros_equal_the_dense_rows(N, D, R, P, out, seed, a, b):
+    """``gathered_linear``: sum_p w[o, r, p] x[b, columns[r, p]] and its gradient in w through z = x - c's gathered
+    nonzeros equal the dense rows' on any row slice, with padded slots (-1) and columns shared by factors; a slice
+    and its columns are gathered once."""
+    x = standardised_sparse(N, D, 0.1, seed)
+    rows = SparseInputs(*inputs.sparse_rows(x, 1.0))[a:b]
+    g = torch.Generator().manual_seed(seed + 1)
+    columns = torch.randint(-1, D, (R, P), generator=g)
+    w = torch.randn(out, R, P, dtype=F64, generator=g, requires_grad=True)
+    got = rows.gathered_linear(columns, w)
+    dense = x[a:b][:, columns.clamp(min=0)] * (columns >= 0)  # [B, R, P]
+    want = torch.einsum("brp,orp->bro", dense, w)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    grad = torch.randn(want.shape, dtype=F64, generator=g)
+    torch.testing.assert_close(torch.autograd.grad(got, w, grad)[0], torch.autograd.grad(want, w, grad)[0],
+                               rtol=1e-12, atol=1e-12)
+    assert rows.gathered(columns)[0] is rows.gathered(columns.clone())[0]
+
+
 @pytest.mark.parametrize("models", [None, 2])
 def test_sparse_product_gradcheck(models):
     rows = SparseInputs(*inputs.sparse_rows(standardised_sparse(12, 9, 0.15, 3), 1.0))
@@ -66,29 +88,23 @@ def test_rows_are_kept_sparse_only_below_the_density():
     sparse, dense = standardised_sparse(200, 30, 0.02, 0), standardised_sparse(200, 30, 0.5, 0)
     assert SparseInputs.of(dense) is None
     rows = SparseInputs.of(sparse)
-    assert rows is not None and rows.dense is None
+    assert rows is not None
     assert rows[5:50].tensors()[0] is rows[5:50].tensors()[0]
-    assert SparseInputs.of(sparse, keep_dense=True).dense is sparse
 
 
-def test_a_row_index_that_is_not_a_slice_and_rows_without_their_dense_copy_are_refused():
+def test_a_row_index_that_is_not_a_slice_is_refused():
     rows = SparseInputs(*inputs.sparse_rows(standardised_sparse(20, 10, 0.05, 0), 1.0))
     with pytest.raises(TypeError, match="row slices"):
         rows[torch.tensor([0, 3])]
     with pytest.raises(TypeError, match="row slices"):
         rows[::2]
-    energy = LocalLinearEnergy(10, 3, 2, 2, random_tree(3, 0)).to(F64)
-    energy.set_inputs([[0], [1, 2], [3]])
-    with pytest.raises(ValueError, match="keep_dense=True"):  # no rows to gather the edges' columns from
-        energy(rows)
 
 
 @pytest.mark.parametrize("models", [None, 3])
 @pytest.mark.parametrize("local_unary", [False, True])
 def test_energies_store_sparse_rows_and_score_them_as_the_dense(monkeypatch, models, local_unary):
     """FinleyJoachims' and LocalLinear's ``stored_inputs`` keep sparse rows as ``SparseInputs`` (LocalLinear with
-    unary factors on all inputs only, with its column-major copy for the edges' columns) and score any row slice of
-    them as the dense rows."""
+    unary factors on all inputs only) and score any row slice of them as the dense rows, with the same gradients."""
     monkeypatch.setattr(inputs, "SPARSE_PRODUCT_DENSITY", 1.0)
     x, n = standardised_sparse(40, 30, 0.03, 1), 6
     tree = random_tree(n, 0)
@@ -106,7 +122,13 @@ def test_energies_store_sparse_rows_and_score_them_as_the_dense(monkeypatch, mod
         assert isinstance(stored, SparseInputs) and energy.stored_inputs(stored) is stored
         got, want = energy(stored[7:31]), energy(x[7:31])
         torch.testing.assert_close(got.unary, want.unary, rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(got.pairwise, want.pairwise, rtol=0, atol=0)
+        torch.testing.assert_close(got.pairwise, want.pairwise, rtol=1e-12, atol=1e-12)
+        g = torch.Generator().manual_seed(3)
+        cotangent = [torch.randn(t.shape, dtype=F64, generator=g) for t in (want.unary, want.pairwise)]
+        params = list(energy.parameters())
+        for a, b in zip(torch.autograd.grad((got.unary, got.pairwise), params, cotangent),
+                        torch.autograd.grad((want.unary, want.pairwise), params, cotangent)):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("crf", [False, True])

@@ -74,25 +74,21 @@ class LocalLinearEnergy(Energy):
         self.pair_inputs.copy_(pad_subsets(pairs, self.num_features, 2 * k))
 
     def stored_inputs(self, x: torch.Tensor | SparseInputs) -> torch.Tensor | SparseInputs:
-        """x [N, D] in column-major order (a copy, unless it is already): a column's rows are then contiguous and
-        the forward pass gathers the input columns of a row slice without transposing it (at bookmarks' shape,
-        55,349 x 2,150, that transposed copy took 0.7 s of each 4.1 s L-BFGS step). With unary factors on all
-        inputs and rows sparse up to a constant row, ``SparseInputs`` holding that copy as ``dense``: the unary
-        product goes through the nonzeros."""
+        """x [N, D] as ``SparseInputs`` where its rows are sparse up to a constant row and the unary factors see
+        all inputs: every table is then made through the nonzeros (the edges' from z's gathered columns). Else x
+        in column-major order (a copy, unless it is already): a column's rows are then contiguous and the forward
+        pass gathers the input columns of a row slice without transposing it (at bookmarks' shape, 55,349 x 2,150,
+        that transposed copy took 0.7 s of each 4.1 s L-BFGS step)."""
         if isinstance(x, SparseInputs):
             return x
-        x = x.T.contiguous().T
-        return x if self.local_unary else SparseInputs.stored(x, keep_dense=True)
+        sparse = None if self.local_unary else SparseInputs.of(x)
+        return x.T.contiguous().T if sparse is None else sparse
 
     def forward(self, x: torch.Tensor | SparseInputs) -> Potentials:
         M = self.num_models
-        if isinstance(x, SparseInputs) and x.dense is None:
-            raise ValueError("LocalLinearEnergy gathers its edges' input columns from the rows themselves: give it "
-                             "SparseInputs that keep them (SparseInputs.of(x, keep_dense=True), or stored_inputs(x))")
-        rows = x.dense if isinstance(x, SparseInputs) else x
-        pair = _local_linear(rows.T, self.pair_inputs, self.pair_weight, M)
+        pair = _local_linear(x, self.pair_inputs, self.pair_weight, M)
         if self.local_unary:
-            unary = _local_linear(rows.T, self.unary_inputs, self.unary_weight, M)
+            unary = _local_linear(x, self.unary_inputs, self.unary_weight, M)
         else:  # every unary on all D columns: one product of x (through the nonzeros of SparseInputs), not a copy
             unary = linear_tables(x, self.unary_weight)  # [(M,) B, n, K]
         shared = () if M is None else (slice(None), None)  # the biases [(M,) R, *T] broadcast over the B rows
@@ -107,20 +103,25 @@ class LocalLinearEnergy(Energy):
         self.pair_bias = nn.Parameter(self.pair_bias.detach()[..., keep, :, :].clone())
 
 
-def _local_linear(xt: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor, num_models: int | None
-                  ) -> torch.Tensor:
-    """sum_p weight[(m,) r, p, ...] x[b, inputs[r, p]] [(M,) B, R, *T] of the transposed inputs xt [D, B], inputs
-    [R, P] (-1: none, its weight unused) and weight [(M,) R, P, *T]. The columns are gathered as whole rows of xt
-    ([R, P, B], contiguous copies: on delicious' 982 edges 1.6x faster than gathering [B, R, P] entry by entry, with
-    the einsum's layout copies; rows of contiguous entries where x is column-major, ``stored_inputs``) and
-    contracted by one batched matmul over R for all M models."""
-    (R, P), B = inputs.shape, xt.shape[1]
+def _local_linear(x: torch.Tensor | SparseInputs, inputs: torch.Tensor, weight: torch.Tensor,
+                  num_models: int | None) -> torch.Tensor:
+    """sum_p weight[(m,) r, p, ...] x[b, inputs[r, p]] [(M,) B, R, *T] of rows x [B, D], inputs [R, P] (-1: none,
+    its weight unused) and weight [(M,) R, P, *T], for all M models at once. ``SparseInputs``: through z's gathered
+    nonzeros (``SparseInputs.gathered_linear``). Dense rows: the columns are gathered as whole rows of x^T ([R, P, B],
+    contiguous copies: on delicious' 982 edges 1.6x faster than gathering [B, R, P] entry by entry, with the
+    einsum's layout copies; rows of contiguous entries where x is column-major, ``stored_inputs``) and contracted by
+    one batched matmul over R."""
+    (R, P), B = inputs.shape, x.shape[0]
     w = weight[None] if num_models is None else weight  # [M, R, P, *T]
     w = w * (inputs >= 0).to(w.dtype).view(1, R, P, *[1] * (w.dim() - 3))  # padded slots' weights unused
-    cols = xt.index_select(0, inputs.flatten().clamp(min=0)).view(R, P, B)
-    # flatten, not reshape(R, P, -1): with no edges (R = 0) the -1 cannot be inferred
-    out = torch.bmm(cols.transpose(1, 2), w.movedim(0, 2).flatten(2)).view(R, B, w.shape[0], *w.shape[3:])
-    out = out.permute(2, 1, 0, *range(3, out.dim()))  # [M, B, R, *T]
+    if isinstance(x, SparseInputs):
+        flat = w.movedim(1, -1).movedim(1, -1).reshape(-1, R, P)  # [M T, R, P]
+        out = x.gathered_linear(inputs, flat).view(B, R, w.shape[0], *w.shape[3:]).movedim(2, 0)  # [M, B, R, *T]
+    else:
+        cols = x.T.index_select(0, inputs.flatten().clamp(min=0)).view(R, P, B)
+        # flatten, not reshape(R, P, -1): with no edges (R = 0) the -1 cannot be inferred
+        out = torch.bmm(cols.transpose(1, 2), w.movedim(0, 2).flatten(2)).view(R, B, w.shape[0], *w.shape[3:])
+        out = out.permute(2, 1, 0, *range(3, out.dim()))  # [M, B, R, *T]
     return out[0] if num_models is None else out
 
 
