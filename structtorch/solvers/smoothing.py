@@ -631,8 +631,8 @@ class SmoothedLBFGS(SmoothedHinge):
                 bias.copy_(kept)
 
     def _index(self, param: torch.Tensor) -> int:
-        """The position of ``param`` in ``self.params`` (by identity)."""
-        return next(i for i, p in enumerate(self.params) if p is param)
+        """The position in ``self.params`` of ``param`` or of the parameter it is a view of (by identity)."""
+        return next(i for i, p in enumerate(self.params) if p is param or param._base is p)
 
     def mix_dual(self, new: DualPoint) -> torch.Tensor:
         """Move ``self.mixed`` to (1 - gamma) mixed + gamma ``new``, gamma in [0, 1] per model by exact line search,
