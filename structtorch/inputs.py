@@ -232,7 +232,7 @@ class SparseInputs:
         of columns [R, P] counts as 0): z's gathered entries (``gathered``) times the weights, plus c's share."""
         g, gt = self.gathered(columns)
         O, (R, P) = weight.shape[0], columns.shape
-        out = _SparseLinear.apply(weight.reshape(O, R * P), g, gt, weight.new_zeros(R * P)).view(len(self), R, O)
+        out = _SparseLinear.apply(weight.reshape(O, R * P), g, gt, None).view(len(self), R, O)  # c differs by factor
         c = torch.where(columns >= 0, self.c[columns.clamp(min=0)], 0).to(weight)  # [R, P]
         return out + (weight * c).sum(-1).T if bool(c.any()) else out
 
@@ -246,8 +246,9 @@ class SparseInputs:
             zt = self.tensors()[1]
             crow, col, val = zt.crow_indices(), zt.col_indices(), zt.values()
             (R, P), flat = columns.shape, columns.reshape(-1).to(crow.device)
-            start = crow[flat.clamp(min=0)]
-            length = torch.where(flat >= 0, crow[flat.clamp(min=0) + 1] - start, 0)  # [R P] entries of each slot
+            column = flat.clamp(min=0)
+            start, stop = crow[column], crow[column + 1]
+            length = torch.where(flat >= 0, stop - start, 0)  # [R P] entries of each slot
             ends = length.cumsum(0)
             total = int(ends[-1]) if len(ends) else 0
             slot = torch.repeat_interleave(torch.arange(R * P, device=crow.device), length, output_size=total)
@@ -255,7 +256,6 @@ class SparseInputs:
             gt = csr(torch.cat([ends.new_zeros(1), ends]), col[at] * R + slot // P, val[at], (R * P, len(self) * R))
             self._cache[key] = csr_transpose(gt), gt
         return self._cache[key]
-
 
 
 def linear_tables(x: torch.Tensor | SparseInputs, weight: torch.Tensor) -> torch.Tensor:
@@ -269,19 +269,21 @@ def linear_tables(x: torch.Tensor | SparseInputs, weight: torch.Tensor) -> torch
 
 class _SparseLinear(torch.autograd.Function):
     """x w^T = z w^T + w c for x = z + c, weight [..., out, D] -> [..., B, out]; the gradient in w is
-    g^T z + (g^T 1) c^T, through z^T's CSR (z, zt sparse CSR [B, D] and [D, B], c [D]; no gradient for them)."""
+    g^T z + (g^T 1) c^T, through z^T's CSR (z, zt sparse CSR [B, D] and [D, B], c [D] or None: no c term; no
+    gradient for them)."""
 
     @staticmethod
-    def forward(ctx, weight: torch.Tensor, z: torch.Tensor, zt: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, weight: torch.Tensor, z: torch.Tensor, zt: torch.Tensor, c: torch.Tensor | None
+                ) -> torch.Tensor:
         ctx.save_for_backward(zt, c)
         ctx.weight_shape = weight.shape
         w = weight.reshape(math.prod(weight.shape[:-1]), weight.shape[-1])  # [P, D] (D = 0 too)
-        out = z @ w.T + w @ c  # [B, P]
+        out = z @ w.T if c is None else z @ w.T + w @ c  # [B, P]
         return out.view(z.shape[0], *weight.shape[:-1]).movedim(0, -2)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         zt, c = ctx.saved_tensors
         g = grad.movedim(-2, 0).reshape(zt.shape[1], math.prod(ctx.weight_shape[:-1]))  # [B, P]
-        grad_w = (zt @ g).T + g.sum(0)[:, None] * c  # [P, D]
+        grad_w = (zt @ g).T if c is None else (zt @ g).T + g.sum(0)[:, None] * c  # [P, D]
         return grad_w.reshape(ctx.weight_shape), None, None, None
