@@ -36,8 +36,8 @@ class Energy(nn.Module):
 
     def label_bias(self) -> torch.Tensor | None:
         """For binary labels: the parameter [(M,) n] whose entry l adds to state 1's unary score of label l in every
-        row (the certified L-BFGS solver moves it alone at each certificate, ``SmoothedLBFGS.moved_biases``), or
-        None."""
+        row (the certified L-BFGS solver moves it alone at each certificate for a second dual point, and a CRF's
+        iterate with it where that lowers the objective: ``SmoothedLBFGS.moved_biases``), or None."""
         return None
 
     def restrict(self, mask: torch.Tensor) -> None:

@@ -99,7 +99,8 @@ class LocalLinearEnergy(Energy):
         as it lifts the hinge's (``SmoothedLBFGS.moved_biases``): at delicious' shape (2,000 rows, a tree on the 983
         labels, lambda 0.1) the dual's quadratic term was 1e-4 on the weights and the rest on the biases, and after 150
         L-BFGS iterations (P 69.957) D rose from 65.10 to 68.88 with these moved. Moving the edges' biases too (each
-        edge's 2 x 2 table by a Newton step, or along its interaction alone) lowered D: they overlap the labels'."""
+        edge's 2 x 2 table by a Newton step, or along its interaction alone) lowered D: they overlap the labels'.
+        A CRF's certificate also moves the iterate there where that lowers its objective (a block step)."""
         return self.unary_bias[..., 1] if self.num_states == 2 else None
 
     def restrict(self, mask: torch.Tensor) -> None:
