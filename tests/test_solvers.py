@@ -638,6 +638,26 @@ def test_moved_biases_keep_the_move_only_where_the_primal_falls_below_the_bound(
     assert changed == [name == "unary_bias" for name, _ in energy.named_parameters()]
 
 
+def test_moved_biases_put_the_biases_back_when_their_pass_is_interrupted(monkeypatch):
+    """An exception within the moved point's pass (Ctrl-C, a negative gap) leaves the biases where they were."""
+    x, y = rare_labels_problem()
+    energy = LocalLinearEnergy(8, 6, num_inputs=2, graph=Graph.chain(6)).double()
+    solver = SmoothedLBFGS(energy, x, y, 0.01, margin_scale=0.0, eps=1.0)
+    solver.run(5)
+    logits = solver._gap(keep_logits=True)[3]
+    bias = energy.label_bias()
+    start = bias.detach().clone()
+
+    def interrupted(*args, **kwargs):
+        assert not torch.equal(bias, start)  # the pass runs at the moved biases
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(solver, "_gap", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        solver.moved_biases(bias, logits, torch.tensor([torch.inf], dtype=torch.float64))
+    assert torch.equal(bias, start) and not solver.moved
+
+
 def test_moved_biases_lift_the_dual_without_moving_the_iterate(monkeypatch):
     """With rare labels and bias_reg 1e-4 the dual lags on the biases; each certificate's second dual point, at the
     biases moved to zero their gradient, lifts it: after the same 140 iterations, certified every 20 (the same

@@ -635,7 +635,12 @@ class SmoothedLBFGS(SmoothedHinge):
             kept, b = bias.clone(), self._rows(bias)
             shift = label_bias_shift(logits, self.y, self.mask / self.count[:, None], b, self.lam * r, self.eps)
             bias.copy_((b.double() + shift).to(bias).reshape(bias.shape))
-        info, point = self._gap()[:2]
+        try:
+            info, point = self._gap()[:2]
+        except BaseException:  # also when interrupted (Ctrl-C): the iterate as it was
+            with torch.no_grad():
+                bias.copy_(kept)
+            raise
         with torch.no_grad():
             stay = torch.ones_like(info.primal, dtype=torch.bool) if below is None else info.primal >= below
             stay = stay.to(bias.device)
