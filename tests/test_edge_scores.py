@@ -314,6 +314,23 @@ def assert_cv_equals_sklearn_cv(x: torch.Tensor, target: torch.Tensor, subsets: 
     assert len(set(chosen)) > 1, chosen  # the CV really chooses (not one grid value for all)
 
 
+def test_newton_ends_when_no_open_models_line_search_finds_a_decrease(monkeypatch) -> None:
+    """A model whose line search finds no decrease (rounding, with a decrement still above the tolerance) is closed;
+    once every open model is, Newton's loop ends where they are (it had gone on to an empty block of regressions and
+    failed to reshape it: the pair regressions of delicious' rows, a chunk whose last open model stalled)."""
+    from structtorch.estimation import conditionals
+
+    def no_decrease(value, f, slope, active):
+        return torch.zeros_like(f), value(torch.zeros_like(f))
+
+    monkeypatch.setattr(conditionals, "backtrack", no_decrease)
+    gen = torch.Generator().manual_seed(0)
+    design = torch.randn(2, 40, 2, generator=gen, dtype=torch.float64)
+    target = torch.randint(0, 3, (2, 40), generator=gen)
+    lam, weight = torch.tensor([1.0, 0.1], dtype=torch.float64), torch.ones(3, 40, dtype=torch.float64)
+    assert torch.equal(fit_logistic(design, target, 3, lam, weight), torch.zeros(3, 2, 2, 3, 3, dtype=torch.float64))
+
+
 def test_logistic_cv_equals_sklearn_cv_over_the_same_folds() -> None:
     gen = torch.Generator().manual_seed(11)
     N, D = 150, 5
