@@ -516,6 +516,14 @@ def rare_labels_problem(N: int = 200, D: int = 8, n: int = 6) -> tuple[torch.Ten
     return x, (x[:, :n] + 0.5 * torch.randn(N, n, generator=g, dtype=torch.float64) - offset > 0).long()
 
 
+def chain_crf(num_models: int | None = None) -> LocalLinearEnergy:
+    """A CRF (``LocalLinearEnergy``, float64) of ``rare_labels_problem``'s 8 inputs on a chain of its 6 labels, label i
+    reading inputs i and i + 1."""
+    energy = LocalLinearEnergy(8, 6, num_inputs=2, graph=Graph.chain(6), num_models=num_models).double()
+    energy.set_inputs([[i, i + 1] for i in range(6)])
+    return energy
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 2), st.integers(1, 30), st.integers(1, 5), st.floats(1e-7, 1.0), st.floats(0.01, 2.0),
        st.floats(0.0, 0.3), st.integers(0, 2**31 - 1))
@@ -604,8 +612,7 @@ def test_a_tree_crf_certificate_moves_its_biases_where_that_lowers_its_objective
     runs = []
     for limit in (smoothing.BIAS_MOVE_ELEMENTS, 0):
         monkeypatch.setattr(smoothing, "BIAS_MOVE_ELEMENTS", limit)
-        energy = LocalLinearEnergy(8, 6, num_inputs=2, graph=Graph.chain(6)).double()
-        energy.set_inputs([[i, i + 1] for i in range(6)])
+        energy = chain_crf()
         solver = SmoothedLBFGS(energy, x, y, 0.01, margin_scale=0.0, eps=1.0, tol=1e-3)
         solver.run(5)
         before = solver.opt.slices.flat().clone()
@@ -624,8 +631,7 @@ def test_moved_biases_keep_the_move_only_where_the_primal_falls_below_the_bound(
     """``moved_biases(bias, logits, below)``: of two CRF models (one fit, ``num_models`` = 2), the one whose bound is
     -inf keeps its biases, the one whose bound is +inf takes the moved ones; the other parameters stay."""
     x, y = rare_labels_problem()
-    energy = LocalLinearEnergy(8, 6, num_inputs=2, graph=Graph.chain(6), num_models=2).double()
-    energy.set_inputs([[i, i + 1] for i in range(6)])
+    energy = chain_crf(num_models=2)
     solver = SmoothedLBFGS(energy, x, y, 0.01, margin_scale=0.0, eps=1.0)
     solver.run(10)
     logits = solver._gap(keep_logits=True)[3]
@@ -641,7 +647,7 @@ def test_moved_biases_keep_the_move_only_where_the_primal_falls_below_the_bound(
 def test_moved_biases_put_the_biases_back_when_their_pass_is_interrupted(monkeypatch):
     """An exception within the moved point's pass (Ctrl-C, a negative gap) leaves the biases where they were."""
     x, y = rare_labels_problem()
-    energy = LocalLinearEnergy(8, 6, num_inputs=2, graph=Graph.chain(6)).double()
+    energy = chain_crf()
     solver = SmoothedLBFGS(energy, x, y, 0.01, margin_scale=0.0, eps=1.0)
     solver.run(5)
     logits = solver._gap(keep_logits=True)[3]

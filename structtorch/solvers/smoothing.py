@@ -593,7 +593,8 @@ class SmoothedLBFGS(SmoothedHinge):
             moved_primal, moved = self.moved_biases(bias, logits, below)
             with torch.no_grad():
                 mixed = self.mix_dual(moved).to(info.dual)
-                primal = torch.where(moved_primal < below, moved_primal, primal) if self.fixed_eps else primal
+                if below is not None:  # the models that took the moved biases (``moved_biases``' rule)
+                    primal = torch.where(moved_primal < below, moved_primal, primal)
         open_ = ~info.converged.to(self.eps.device)
         if not self.fixed_eps and bool(open_.any()):
             self._lower_eps(info.gap.to(self.eps), info.primal.to(self.eps), self.smoothing, open_)
