@@ -151,9 +151,14 @@ class BatchedLBFGS:
         self.gamma[which] = 1.0
         self.fresh |= which
 
-    def refresh(self) -> None:
-        """Re-evaluate the objective and gradient at the current parameters (after the objective changed)."""
+    def refresh(self, start: torch.Tensor | None = None) -> None:
+        """Re-evaluate the objective and gradient at the current parameters (after the objective changed); with
+        ``start`` [M, P], the parameters moved there from ``start`` outside the optimizer on the same objective (a
+        block step), and that move becomes a curvature pair."""
+        before = self.grad
         self.value, self.grad = self._evaluate()
+        if start is not None:
+            self._remember(self.slices.flat().sub_(start), self.grad - before, torch.ones_like(self.gamma))
 
     def _direction(self, g: torch.Tensor) -> torch.Tensor:
         """-H g by the two-loop recursion, per model, in place (no [M, P] temporaries: with millions of parameters,
@@ -193,9 +198,15 @@ class BatchedLBFGS:
         except OutOfTime:  # a streamed evaluation stopped by the time budget: back to the step's start
             self.slices.set(X0)
             raise
-        if len(self.S) == self.history_size:  # the oldest pair goes before the new one is made (peak memory)
+        self._remember(d.mul_(t[:, None]), g.neg_().add_(G), t)  # in place: g is not used again
+        self.value, self.grad = f, G
+        return active & (t == 0)
+
+    def _remember(self, s: torch.Tensor, y: torch.Tensor, t: torch.Tensor) -> None:
+        """Keep the curvature pair (s, y) [M, P] of a step of length t [M] (0: none) where s^T y > 0; the oldest pair
+        goes first (peak memory)."""
+        if len(self.S) == self.history_size:
             del self.S[0], self.Y[0], self.rho[0]
-        s, y = d.mul_(t[:, None]), g.neg_().add_(G)  # in place: g is not used again
         sy, yy = _dot(s, y), _dot(y, y)
         valid = (t > 0) & (sy > 1e-10 * yy)
         self.S.append(s)
@@ -203,8 +214,6 @@ class BatchedLBFGS:
         self.rho.append(torch.where(valid, 1.0 / sy.clamp_min(1e-300), 0.0))
         self.gamma = torch.where(valid, sy / yy.clamp_min(1e-300), self.gamma)
         self.fresh &= ~valid
-        self.value, self.grad = f, G
-        return active & (t == 0)
 
     def run(self, max_iter: int, gtol: float | torch.Tensor = 0.0, ftol: float | None = None) -> torch.Tensor:
         """Step every model until its gradient norm is <= ``gtol`` (a float or [M]), its line search stalls, its

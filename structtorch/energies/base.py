@@ -40,6 +40,12 @@ class Energy(nn.Module):
         iterate with it where that lowers the objective: ``SmoothedLBFGS.moved_biases``), or None."""
         return None
 
+    def edge_bias(self) -> torch.Tensor | None:
+        """The parameter [(M,) E, K, K] whose entry (e, a, b) adds to edge e's pairwise score at states (a, b) in every
+        row (a CRF's certificate moves it after the labels' biases, edge by edge, as a block step where that lowers
+        its objective: ``SmoothedLBFGS.moved_biases``), or None."""
+        return None
+
     def restrict(self, mask: torch.Tensor) -> None:
         """Keep only the edges of ``self.graph`` where ``mask`` [E] (bool) is True, with their weights.
 

@@ -98,10 +98,15 @@ class LocalLinearEnergy(Energy):
         """Binary labels: state 1's unary biases [(M,) n], a view of ``unary_bias``. Moving them lifts a CRF's dual
         as it lifts the hinge's (``SmoothedLBFGS.moved_biases``): at delicious' shape (2,000 rows, a tree on the 983
         labels, lambda 0.1) the dual's quadratic term was 1e-4 on the weights and the rest on the biases, and after 150
-        L-BFGS iterations (P 69.957) D rose from 65.10 to 68.88 with these moved. Moving the edges' biases too (each
-        edge's 2 x 2 table by a Newton step, or along its interaction alone) lowered D: they overlap the labels'.
-        A CRF's certificate also moves the iterate there where that lowers its objective (a block step)."""
+        L-BFGS iterations (P 69.957) D rose from 65.10 to 68.88 with these moved. Moving the edges' biases at the
+        same time (each edge's 2 x 2 table by a Newton step, or along its interaction alone) lowered D: they overlap
+        the labels'. A CRF's certificate moves the edges' biases after these, from the marginals there
+        (``edge_bias``), and moves the iterate where that lowers its objective (a block step)."""
         return self.unary_bias[..., 1] if self.num_states == 2 else None
+
+    def edge_bias(self) -> torch.Tensor | None:
+        """The edges' bias tables ``pair_bias`` [(M,) E, K, K]."""
+        return self.pair_bias
 
     def restrict(self, mask: torch.Tensor) -> None:
         """Keep the edges where ``mask`` [E] is True, with their weights and input columns."""
