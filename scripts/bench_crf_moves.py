@@ -1,6 +1,6 @@
 """A CRF's certified L-BFGS fit with and without the certificates' block steps on the biases, side by side.
 
-    .venv/bin/python scripts/bench_crf_moves.py [--dataset delicious] [--rows 2000] [--max-iter 300]
+    .venv/bin/python scripts/bench_crf_moves.py [--dataset delicious] [--rows 1000] [--max-iter 200]
                                                 [--out scripts/results/bench_crf_moves.json]
 
 A tree CRF (``LocalLinearEnergy``: 10 input columns a label by ``select_inputs``, a random spanning tree of the
@@ -58,8 +58,8 @@ def fit(x: torch.Tensor, y: torch.Tensor, graph: Graph, inputs: list[list[int]],
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default="delicious")
-    ap.add_argument("--rows", type=int, default=2000)
-    ap.add_argument("--max-iter", type=int, default=300)
+    ap.add_argument("--rows", type=int, default=1000)
+    ap.add_argument("--max-iter", type=int, default=200)
     ap.add_argument("--out", default="scripts/results/bench_crf_moves.json")
     args = ap.parse_args()
     torch.manual_seed(0)
