@@ -733,8 +733,8 @@ def test_an_edges_moved_bias_zeroes_its_gradient_in_the_crf_objective():
     table = energy.pair_bias
     states = solver._edge_states(slice(None))
     grad = torch.autograd.grad(solver.objective(), table)[0]
-    shift = pair_bias_shift(pairs, states, solver._weight(), table.detach().reshape(1, 1, 4), solver.lam * 1e-4,
-                            solver.eps)
+    curvature = solver.lam * solver._reg_weight[solver._index(table)]  # lambda bias_reg
+    shift = pair_bias_shift(pairs, states, solver._weight(), table.detach().reshape(1, 1, 4), curvature, solver.eps)
     with torch.no_grad():
         table += shift.reshape(table.shape)
     moved_grad = torch.autograd.grad(solver.objective(), table)[0]
